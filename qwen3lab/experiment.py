@@ -1,0 +1,200 @@
+"""Experiment files: a base engine + workload + SLO, and chapters of trials written as dotted overrides.
+
+    name: cpu-tiny
+    engine: {model: builtin:qwen3-tiny, load_format: dummy}
+    workload: {num_requests: 200, concurrency: 16}
+    slo: {ttft_p95_ms: 500}
+    chapters:
+      scheduler:
+        question: Does a smaller batch cap help latency?
+        matrix: {engine.max_num_seqs: [8, 128]}
+        trials: [{name: eager, engine.enforce_eager: true}]
+
+Top-level `trials`/`matrix` form a chapter named `main`. Every error names the file, the trial, the field,
+the value, what is allowed, and the fix, before anything is launched.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from .errors import SpecError, SpecErrors
+from .spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Trial, Workload
+
+_ENGINE = TypeAdapter(AnyEngine)
+
+
+class Chapter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str | None = Field(None, description="What this chapter answers.")
+    notebook: str | None = Field(None, description="Notebook that runs it (default: by chapter name).")
+    baseline: str | None = Field(None, description="Trial the others are compared against (default: the first).")
+    skip: str | None = Field(None, description="Why the whole chapter cannot run on this engine.")
+    matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted key -> values, crossed.")
+    trials: list[dict[str, Any]] = Field(default_factory=list, description="Trials as {name, dotted overrides}.")
+
+
+class Experiment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="Experiment name, stored with every run.")
+    description: str | None = Field(None, description="What and why.")
+    gpu: str | None = Field(None, description="GPU this experiment is for (catalogue id, e.g. a100-80g); pre-flight checks fit on it.")
+    engine: dict[str, Any] = Field(default_factory=dict, description="Base EngineConfig or EndpointConfig.")
+    workload: dict[str, Any] = Field(default_factory=dict, description="Base Workload.")
+    slo: dict[str, Any] = Field(default_factory=dict, description="SLO targets.")
+    matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Chapter `main`: dotted key -> values.")
+    trials: list[dict[str, Any]] = Field(default_factory=list, description="Chapter `main`: explicit trials.")
+    chapters: dict[str, Chapter] = Field(default_factory=dict, description="Named chapters of the workbook.")
+    path: str | None = Field(None, description="Where the file was read from (set by load).")
+
+    def all_chapters(self) -> dict[str, Chapter]:
+        out = {}
+        if self.matrix or self.trials:
+            out["main"] = Chapter(matrix=self.matrix, trials=self.trials)
+        return out | dict(self.chapters)
+
+
+TRIAL_KEYS = {"name", "skip_reason", "baseline", "tags"}
+
+
+def _set_dotted(doc: dict, key: str, value: Any, where: str) -> None:
+    head, _, rest = key.partition(".")
+    if head not in ("engine", "workload", "slo") or not rest:
+        raise SpecError(f"{where}.{key}", value, "engine.FIELD, workload.FIELD or slo.FIELD (dotted)",
+                        "write overrides as e.g. engine.max_num_seqs: 64")
+    node = doc[head]
+    parts = rest.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _label(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _expand_chapter(chapter: Chapter, where: str) -> list[dict[str, Any]]:
+    """Trial specs (name + overrides) of one chapter: explicit trials, then the matrix product."""
+    specs = [dict(t) for t in chapter.trials]
+    if chapter.matrix:
+        keys = list(chapter.matrix)
+        for values in itertools.product(*(chapter.matrix[k] for k in keys)):
+            name = ",".join(f"{k.split('.')[-1]}={_label(v)}" for k, v in zip(keys, values))
+            specs.append({"name": name, **dict(zip(keys, values))})
+    for i, spec in enumerate(specs):
+        if "name" not in spec:
+            raise SpecError(f"{where}.trials[{i}].name", None, "a short unique name", "add name: ... to the trial")
+    names = [s["name"] for s in specs]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise SpecError(f"{where}.trials", dup, "unique trial names within a chapter", "rename the duplicates")
+    return specs
+
+
+def _trial(exp: Experiment, chapter_name: str, chapter: Chapter, spec: dict[str, Any], baseline: str | None,
+           where: str) -> Trial:
+    doc = {"engine": copy.deepcopy(exp.engine), "workload": copy.deepcopy(exp.workload), "slo": copy.deepcopy(exp.slo)}
+    for key, value in spec.items():
+        if key in TRIAL_KEYS:
+            continue
+        if key in ("engine", "workload", "slo") and isinstance(value, dict):
+            doc[key] |= value
+        else:
+            _set_dotted(doc, key, value, where)
+    doc["engine"].setdefault("kind", "vllm")
+    engine = _validate(_ENGINE, doc["engine"], f"{where} engine", "engine")
+    workload = _validate(TypeAdapter(Workload), doc["workload"], f"{where} workload", "workload")
+    slo = _validate(TypeAdapter(SLO), doc["slo"], f"{where} slo", "slo")
+    return Trial(
+        experiment=exp.name, chapter=chapter_name, name=str(spec["name"]), engine=engine, workload=workload,
+        slo=slo, skip_reason=spec.get("skip_reason") or chapter.skip,
+        baseline=None if spec["name"] == baseline else baseline, tags=spec.get("tags", {}),
+    )
+
+
+def expand(exp: Experiment, only: list[str] | None = None) -> list[Trial]:
+    """Every trial of the experiment (or of the chapters in `only`), validated; all errors reported at once."""
+    chapters = exp.all_chapters()
+    if only:
+        unknown = [c for c in only if c not in chapters]
+        if unknown:
+            raise SpecError("--only", unknown, ", ".join(chapters) or "(no chapters)", "name chapters of this experiment")
+    trials, errors = [], []
+    for cname, chapter in chapters.items():
+        if only and cname not in only:
+            continue
+        where = f"{exp.path or exp.name}: chapters.{cname}"
+        try:
+            specs = _expand_chapter(chapter, where)
+        except SpecError as exc:
+            errors.append(exc)
+            continue
+        baseline = chapter.baseline or (specs[0]["name"] if specs else None)
+        for spec in specs:
+            try:
+                trials.append(_trial(exp, cname, chapter, spec, baseline, f"{where} trial {spec['name']!r}"))
+            except SpecErrors as exc:
+                errors += exc.errors
+            except SpecError as exc:
+                errors.append(exc)
+    if errors:
+        raise SpecErrors(errors)
+    return trials
+
+
+def load(path: str | Path) -> Experiment:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError("experiment", str(path), "a YAML file that exists", "check the path (see experiments/)")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError("experiment", str(path), "valid YAML", f"fix the syntax: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise SpecError("experiment", str(path), "a mapping with name, engine, workload, ...", "see experiments/cpu-tiny.yaml")
+    raw.setdefault("name", path.stem)
+    return _validate(TypeAdapter(Experiment), {**raw, "path": str(path)}, str(path), "")
+
+
+def _validate(adapter: TypeAdapter, data: Any, where: str, prefix: str):
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise SpecErrors([_spec_error(e, where, prefix, adapter) for e in exc.errors()]) from None
+
+
+def _known_fields(prefix: str, loc: tuple) -> list[str]:
+    models = {"engine": (EngineConfig, EndpointConfig), "workload": (Workload,), "slo": (SLO,), "": (Experiment,)}
+    if prefix == "" and loc and loc[0] == "chapters":
+        return list(Chapter.model_fields)
+    names = set()
+    for m in models.get(prefix, ()):
+        names |= set(m.model_fields)
+    return sorted(names)
+
+
+def _spec_error(err: dict, where: str, prefix: str, adapter: TypeAdapter) -> SpecError:
+    loc = tuple(p for p in err["loc"] if p not in ("vllm", "endpoint"))
+    field = ".".join(str(p) for p in (prefix, *loc) if p != "")
+    value = err.get("input")
+    kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        known = _known_fields(prefix, loc)
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "remove it"
+        return SpecError(field, value, "known fields: " + ", ".join(known), f"{hint} (unknown keys are rejected)", where)
+    if kind == "union_tag_invalid" or kind == "union_tag_not_found":
+        return SpecError(field or "engine.kind", value, "kind: vllm (launch) or kind: endpoint (measure a URL)",
+                         "set engine.kind", where)
+    if kind == "missing":
+        return SpecError(field, None, "a value (this field is required)", f"add {loc[-1]}: ...", where)
+    fix = {"literal_error": "use one of the allowed values", "int_parsing": "write a whole number",
+           "int_type": "write a whole number", "float_parsing": "write a number", "bool_parsing": "write true or false",
+           "greater_than": "raise it", "greater_than_equal": "raise it", "less_than_equal": "lower it"}.get(
+        kind, "see `qwen3lab schema` for every field and its description")
+    return SpecError(field, value, msg, fix, where)

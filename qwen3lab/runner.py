@@ -1,0 +1,278 @@
+"""One trial, end to end: pre-flight, run row, launch, load, telemetry, store; nothing measured is lost.
+
+The run row is written before the server starts (status running) and finished after: ok, failed (did not
+start), oom, timeout (no /health), crashed (died during the load), skipped (cannot run here), or
+interrupted (Ctrl-C). Finished requests are flushed to the store while the load runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, engine, hardware, metrics, preflight, workload as wl
+from .errors import EngineError, SpecErrors
+from .loadgen import LoadResult, RequestRecord, run_load
+from .spec import Trial
+from .store import Store
+from .telemetry import MetricsScraper, NvmlSampler
+
+FLUSH_EVERY_S = 2.0
+
+
+@dataclass
+class TrialResult:
+    trial: Trial
+    run_id: str
+    status: str
+    reason: str | None = None
+    summary: dict | None = None
+
+
+def git_commit(path: str | None) -> str | None:
+    """Commit of the repository holding the experiment file, with +dirty when it has local changes."""
+    if not path:
+        return None
+    where = str(Path(path).resolve().parent)
+    try:
+        got = subprocess.run(["git", "-C", where, "rev-parse", "--verify", "-q", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        sha = got.stdout.strip()
+        if got.returncode != 0 or not sha:
+            return None
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--", str(Path(path).resolve())],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class _Flusher:
+    """Collects finished records from the event loop and writes them from a thread every few seconds."""
+
+    def __init__(self, store: Store, run_id: str, progress: Callable[[int], None] | None):
+        self.store, self.run_id, self.progress = store, run_id, progress
+        self.pending: list[RequestRecord] = []
+        self.written = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-flush")
+
+    def add(self, rec: RequestRecord) -> None:
+        with self.lock:
+            self.pending.append(rec)
+        if self.progress and not rec.warmup:
+            self.progress(1)
+
+    def flush(self) -> None:
+        with self.lock:
+            batch, self.pending = self.pending, []
+        if batch:
+            self.store.add_requests(self.run_id, batch)
+            self.written += len(batch)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(FLUSH_EVERY_S):
+            self.flush()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.flush()
+
+
+def _chat_template_tokens(server: engine.Server, trial: Trial) -> int:
+    """What the chat template adds around the user's text, asked of the server's own /tokenize."""
+    if trial.workload.api != "chat":
+        return 0
+    import urllib.request
+
+    body = {"model": server.model_name, "messages": [{"role": "user", "content": ""}], "add_generation_prompt": True}
+    if trial.workload.enable_thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": trial.workload.enable_thinking}
+    req = urllib.request.Request(server.base_url + "/tokenize", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **server.headers})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(json.loads(resp.read())["count"])
+    except Exception:
+        return 0  # not a vLLM server: prompt lengths then exclude the template
+
+
+async def _measure(server: engine.Server, requests, trial: Trial, on_done) -> tuple[LoadResult, list]:
+    scraper = MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers)
+    stop = asyncio.Event()
+    task = asyncio.create_task(scraper.run(stop))
+    try:
+        result = await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
+                                headers=server.headers, should_stop=lambda: not server.alive())
+    finally:
+        stop.set()
+        await task
+    return result, scraper.samples
+
+
+def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | None, machine: dict) -> dict:
+    cfg = trial.engine
+    return dict(
+        trial_key=trial.key, experiment=trial.experiment, chapter=trial.chapter, trial=trial.name,
+        baseline=trial.baseline, engine_kind=cfg.kind, model=cfg.model,
+        config_json=cfg.model_dump(mode="json", exclude={"api_key"}), config_hash=cfg.config_hash(),
+        workload_json=trial.workload.model_dump(mode="json"), slo_json=trial.slo.model_dump(mode="json"),
+        tags_json=trial.tags, launch_command=cfg.to_shell() if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
+        env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
+        host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
+    )
+
+
+def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
+              notebook_path: str | None = None, machine: preflight.Machine | None = None,
+              progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
+              ready_timeout_s: float = 900.0, gpu_id: str | None = None) -> TrialResult:
+    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial."""
+    probe = hardware.probe()
+    machine = machine or preflight.Machine.local()
+    verdict = preflight.check(trial, machine, gpu_id)
+    if verdict.errors:
+        raise SpecErrors(verdict.errors)
+    fields = _provenance(trial, experiment_path, notebook_path, probe)
+    fields["info_json"] = {"qwen3lab_version": __version__, "preflight_notes": verdict.notes, "plan": verdict.plan,
+                           "machine": probe}
+    if verdict.plan:
+        fields["planner_kv_tokens"] = verdict.plan.get("kv_capacity_tokens")
+    if verdict.skip:
+        run_id = store.begin_run(status="skipped", reason=verdict.skip, **fields)
+        store.finish_run(run_id, "skipped", verdict.skip)
+        return TrialResult(trial, run_id, "skipped", verdict.skip)
+    run_id = store.begin_run(**fields)
+    log_path = Path(runs_dir) / run_id / "server.log"
+    store.update_run(run_id, log_path=str(log_path))
+    sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None)
+    status, reason, summary, extra = "failed", None, None, {}
+    try:
+        with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server, \
+                _Flusher(store, run_id, progress) as flusher:
+            build = server.build
+            extra |= {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
+                      or (build.vllm_version if build else None),
+                      "torch_version": build.torch_version if build else None,
+                      "python_executable": build.python if build else None,
+                      "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
+            store.update_run(run_id, **extra)
+            tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
+            max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
+            template = _chat_template_tokens(server, trial)
+            requests = wl.build_requests(trial.workload, tokenizer, max_len, template)
+            wl.verify_lengths(requests, tokenizer, template)
+            extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
+            sampler.start()
+            result, scraped = asyncio.run(_measure(server, requests, trial, flusher.add))
+            sampler.stop()
+            flusher.flush()
+            table = metrics.RequestTable.from_records(result.records)
+            summary = metrics.summarize(table, result.duration_s, trial.slo)
+            summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
+                        "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
+            samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
+            samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
+            store.add_samples(run_id, samples)
+            extra |= {"client_cpu_s": result.client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+            if not server.alive():
+                status, reason = server.death()
+            elif summary["completed"] == 0:
+                status, reason = "failed", _first_error(result.records)
+            else:
+                status = "ok"
+                if summary["failed"]:
+                    reason = f"{summary['failed']} requests failed; first: {_first_error(result.records)}"
+    except EngineError as exc:
+        status, reason = exc.outcome, exc.reason
+    except KeyboardInterrupt:
+        status, reason = "interrupted", "stopped by the user (Ctrl-C)"
+        raise
+    except Exception as exc:  # noqa: BLE001 - stored with its traceback, then the sweep goes on
+        status, reason = "failed", f"{type(exc).__name__}: {exc}"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as f:
+            f.write("\n# qwen3lab error\n" + traceback.format_exc())
+    finally:
+        sampler.stop()
+        if sampler.why_not:
+            extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
+        store.finish_run(run_id, status, reason, summary, **extra)
+    return TrialResult(trial, run_id, status, reason, summary)
+
+
+def _first_error(records: list[RequestRecord]) -> str:
+    return next((r.error for r in records if r.error), "no request completed")
+
+
+FINISHED = ("ok", "skipped")
+FAILED = ("failed", "oom", "timeout", "crashed")
+
+
+def previous_run(store: Store, trial: Trial, retry_failed: bool) -> tuple[str, str] | None:
+    """(run_id, status) of an earlier run that makes this trial done; None when it must run (again)."""
+    df = store.trial_runs(trial.key)
+    if df is None or df.empty:
+        return None
+    done = df[df.status.isin(FINISHED + (() if retry_failed else FAILED))]
+    return None if done.empty else (str(done.run_id.iloc[-1]), str(done.status.iloc[-1]))
+
+
+def run_experiment(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
+                   dry_run: bool = False, retry_failed: bool = False, fresh: bool = False,
+                   console=None, notebook_path: str | None = None) -> list[TrialResult]:
+    """Every trial of an experiment, in order, with resume: all pre-flight errors are raised before any launch."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import experiment as xp
+    from . import report
+
+    console = console or Console()
+    exp = xp.load(path)
+    trials = xp.expand(exp, only)
+    machine = preflight.Machine.for_gpu(exp.gpu) if dry_run and exp.gpu else preflight.Machine.local()
+    verdicts = preflight.check_all(trials, machine, exp.gpu)
+    if dry_run:
+        console.print(report.dry_run_table(verdicts, machine))
+        errors = [e for v in verdicts for e in v.errors]
+        if errors:
+            raise SpecErrors(errors)
+        return []
+    errors = [e for v in verdicts for e in v.errors]
+    if errors:
+        raise SpecErrors(errors)
+    store = Store(db)
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        overall = bar.add_task(f"[bold]{exp.name}", total=len(trials))
+        for trial in trials:
+            label = f"{trial.chapter}/{trial.name}"
+            done = None if fresh else previous_run(store, trial, retry_failed)
+            if done:
+                results.append(TrialResult(trial, done[0], done[1], "already measured (resumed)"))
+                bar.console.print(f"[dim]= {label}: {done[1]} earlier (run {done[0]})[/]")
+                bar.advance(overall)
+                continue
+            task = bar.add_task(f"  {label}", total=trial.workload.num_requests if not trial.workload.duration_s else None)
+            result = run_trial(trial, store, runs_dir, experiment_path=str(path), notebook_path=notebook_path,
+                               machine=machine, progress=lambda n, t=task: bar.advance(t, n), gpu_id=exp.gpu,
+                               log=bar.console.print)
+            bar.remove_task(task)
+            colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
+            bar.console.print(f"[{colour}]{result.status:>8}[/] {label}" + (f": {result.reason}" if result.reason else ""))
+            results.append(result)
+            bar.advance(overall)
+    return results

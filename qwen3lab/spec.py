@@ -1,0 +1,365 @@
+"""Typed specs: what to launch (EngineConfig / EndpointConfig), what to send (Workload), what counts as good (SLO).
+
+Every field is vLLM's own name and carries a description. `None` always means "vLLM's default", so a config
+with nothing set *is* the vLLM-defaults baseline, and `to_argv()` emits only what was set.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import SpecError
+
+QUANTIZATIONS = (
+    "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes", "gguf",
+    "modelopt", "fbgemm_fp8", "experts_int8",
+)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+ATTENTION_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "CPU_ATTN")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy", "npcache", "gguf", "bitsandbytes", "runai_streamer", "tensorizer")
+# Flags the engine owns (it picks the port) or that have a field of their own: extra_args may not set them.
+OWNED_FLAGS = {"--host", "--port", "--model"}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EngineConfig(Strict):
+    """One `vllm serve` launch. Field names are vLLM's EngineArgs names."""
+
+    kind: Literal["vllm"] = Field("vllm", description="Launch a real `vllm serve` process.")
+    model: str = Field(
+        "builtin:qwen3-tiny",
+        description="Model to serve: a local folder, a Hugging Face id, or builtin:NAME (shipped in qwen3lab).",
+    )
+    served_model_name: str | None = Field(None, description="Name clients send as `model` (--served-model-name).")
+    tokenizer: str | None = Field(None, description="Tokenizer folder or hub id when it is not the model's own.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32", "half", "float"] | None = Field(
+        None, description="Weights/activation dtype (--dtype)."
+    )
+    quantization: str | None = Field(
+        None,
+        description="--quantization. Leave unset to use the checkpoint's own; `fp8` quantizes a BF16 checkpoint "
+        "online; AWQ needs an AWQ checkpoint (leave unset or `awq_marlin`; `awq` forces the slow kernel).",
+    )
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] | None = Field(None, description="--kv-cache-dtype (auto = model dtype).")
+    block_size: int | None = Field(None, description="--block-size: tokens per KV block; a multiple of 16.")
+    max_model_len: int | None = Field(None, description="--max-model-len: context length, prompt + output.")
+    max_num_seqs: int | None = Field(None, description="--max-num-seqs: most sequences in one batch.")
+    max_num_batched_tokens: int | None = Field(None, description="--max-num-batched-tokens: token budget per step.")
+    gpu_memory_utilization: float | None = Field(None, description="--gpu-memory-utilization: fraction in (0, 1].")
+    enforce_eager: bool | None = Field(None, description="--enforce-eager: no torch.compile, no CUDA graphs.")
+    enable_prefix_caching: bool | None = Field(
+        None, description="--enable-prefix-caching / --no-enable-prefix-caching (vLLM default: on)."
+    )
+    attention_backend: Literal[ATTENTION_BACKENDS] | None = Field(None, description="--attention-backend.")
+    tensor_parallel_size: int | None = Field(None, description="--tensor-parallel-size.")
+    load_format: str | None = Field(None, description="--load-format; `dummy` = random weights from config.json.")
+    hf_overrides: dict[str, Any] | None = Field(
+        None, description="--hf-overrides JSON, e.g. YaRN: {rope_parameters: {rope_type: yarn, factor: 4.0, ...}}."
+    )
+    seed: int | None = Field(None, description="--seed.")
+    reasoning_parser: str | None = Field(None, description="--reasoning-parser (qwen3 splits reasoning text out).")
+    numa_bind: bool | None = Field(None, description="vLLM's own --numa-bind (vLLM 2026+, PR 38635).")
+    numa_bind_nodes: list[int] | None = Field(None, description="--numa-bind-nodes: one NUMA node per GPU.")
+    numa_node: int | None = Field(
+        None, description="Run the server under `numactl --cpunodebind=N --membind=N` (works with any vLLM)."
+    )
+    python: str | None = Field(
+        None,
+        description="The vLLM build to run: a python executable or a venv folder. Unset = the python running "
+        "qwen3lab. This is how two vLLM versions or a source build are compared.",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the server only.")
+    extra_args: list[str] = Field(default_factory=list, description="Any other `vllm serve` flags, passed through.")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size(cls, v):
+        if v is not None and (v < 16 or v % 16):
+            raise ValueError(f"block_size {v} is not a multiple of 16 (allowed: 16, 32, 48, ...; FLASHINFER: 16, 32, 64)")
+        return v
+
+    @field_validator("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size")
+    @classmethod
+    def _positive(cls, v):
+        if v is not None and v < 1:
+            raise ValueError(f"{v} must be a positive integer")
+        return v
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _fraction(cls, v):
+        if v is not None and not 0 < v <= 1:
+            raise ValueError(f"{v} must be in (0, 1], e.g. 0.9")
+        return v
+
+    @field_validator("quantization")
+    @classmethod
+    def _quantization(cls, v):
+        if v is not None and v not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {v!r}; allowed: {', '.join(QUANTIZATIONS)}")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v):
+        # A venv folder is stored as its python, so the config round-trips through `<venv>/bin/vllm serve`.
+        if v is not None and not os.path.basename(v.rstrip("/")).startswith("python"):
+            v = os.path.join(v.rstrip("/"), "bin", "python")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v):
+        if v and not v[0].startswith("-"):
+            raise ValueError(f"extra_args must start with a flag (--name), not {v[0]!r}")
+        for arg in v:
+            flag = arg.split("=", 1)[0]
+            if flag in OWNED_FLAGS:
+                raise ValueError(f"{flag} is set by qwen3lab itself; remove it from extra_args")
+            base = "--" + flag[5:] if flag.startswith("--no-") else flag
+            if base in _FLAG_TO_FIELD:
+                raise ValueError(f"{flag} has its own field `{_FLAG_TO_FIELD[base]}`; set that instead")
+        return v
+
+    # --- argv -----------------------------------------------------------------------------------------
+    def vllm_executable(self) -> str:
+        return "vllm" if self.python is None else os.path.join(os.path.dirname(self.python), "vllm")
+
+    def numactl_prefix(self) -> list[str]:
+        if self.numa_node is None:
+            return []
+        return ["numactl", f"--cpunodebind={self.numa_node}", f"--membind={self.numa_node}"]
+
+    def serve_flags(self) -> list[str]:
+        """The flags after `vllm serve MODEL`, in a fixed order, only those set."""
+        out: list[str] = []
+        for field, flag, kind in _FLAGS:
+            value = getattr(self, field)
+            if value is None:
+                continue
+            if kind == "bool":
+                out.append(flag if value else "--no-" + flag[2:])
+            elif kind == "json":
+                out += [flag, json.dumps(value, sort_keys=True, separators=(",", ":"))]
+            elif kind == "intlist":
+                out += [flag, *map(str, value)]
+            else:
+                out += [flag, str(value)]
+        return out + list(self.extra_args)
+
+    def to_argv(self) -> list[str]:
+        """The canonical command: `[numactl ...] vllm serve MODEL --flag value ...` (env vars not included)."""
+        return [*self.numactl_prefix(), self.vllm_executable(), "serve", self.model, *self.serve_flags()]
+
+    def to_shell(self) -> str:
+        env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " ".join(env + [shlex.quote(a) for a in self.to_argv()])
+
+    @classmethod
+    def from_argv(cls, argv: list[str], env: dict[str, str] | None = None) -> "EngineConfig":
+        """Parse a `vllm serve` command back into a config. Unknown flags land in extra_args."""
+        args = list(argv)
+        data: dict[str, Any] = {"env": dict(env or {})}
+        if args and os.path.basename(args[0]) == "numactl":
+            args.pop(0)
+            nodes = set()
+            while args and args[0].startswith("--"):
+                opt = args.pop(0)
+                key, _, val = opt.partition("=")
+                if key not in ("--cpunodebind", "--membind") or not val.isdigit():
+                    raise SpecError("numactl", opt, "--cpunodebind=N --membind=N", "use numa_node: N")
+                nodes.add(int(val))
+            if len(nodes) != 1:
+                raise SpecError("numactl", sorted(nodes), "one node for both --cpunodebind and --membind", "use numa_node")
+            data["numa_node"] = nodes.pop()
+        if len(args) < 3 or os.path.basename(args[0]) != "vllm" or args[1] != "serve":
+            raise SpecError("argv", shlex.join(argv), "`vllm serve MODEL [flags]`", "start the command with vllm serve")
+        if args[0] != "vllm":
+            data["python"] = os.path.join(os.path.dirname(args[0]), "python")
+        data["model"] = args[2]
+        rest, extra = args[3:], []
+        i = 0
+        while i < len(rest):
+            flag = rest[i]
+            if flag in _FLAG_TO_FIELD:
+                field, kind = _FLAG_TO_FIELD[flag], _FLAG_KIND[flag]
+                if kind == "bool":
+                    data[field] = True
+                    i += 1
+                    continue
+                if kind == "intlist":
+                    j = i + 1
+                    while j < len(rest) and not rest[j].startswith("--"):
+                        j += 1
+                    data[field] = [int(x) for x in rest[i + 1:j]]
+                    i = j
+                    continue
+                raw = rest[i + 1]
+                data[field] = json.loads(raw) if kind == "json" else _convert(raw, kind)
+                i += 2
+            elif flag.startswith("--no-") and "--" + flag[5:] in _BOOL_BASES:
+                data[_FLAG_TO_FIELD["--" + flag[5:]]] = False
+                i += 1
+            else:
+                extra.append(flag)
+                i += 1
+        data["extra_args"] = extra
+        return cls(**data)
+
+    def config_hash(self) -> str:
+        return stable_hash(self.model_dump(mode="json"))
+
+
+def _convert(raw: str, kind: str):
+    return int(raw) if kind == "int" else float(raw) if kind == "float" else raw
+
+
+# field, vLLM flag, how it is written. One table drives to_argv and from_argv.
+_FLAGS: list[tuple[str, str, str]] = [
+    ("served_model_name", "--served-model-name", "str"),
+    ("tokenizer", "--tokenizer", "str"),
+    ("dtype", "--dtype", "str"),
+    ("quantization", "--quantization", "str"),
+    ("kv_cache_dtype", "--kv-cache-dtype", "str"),
+    ("block_size", "--block-size", "int"),
+    ("max_model_len", "--max-model-len", "int"),
+    ("max_num_seqs", "--max-num-seqs", "int"),
+    ("max_num_batched_tokens", "--max-num-batched-tokens", "int"),
+    ("gpu_memory_utilization", "--gpu-memory-utilization", "float"),
+    ("enforce_eager", "--enforce-eager", "bool"),
+    ("enable_prefix_caching", "--enable-prefix-caching", "bool"),
+    ("attention_backend", "--attention-backend", "str"),
+    ("tensor_parallel_size", "--tensor-parallel-size", "int"),
+    ("load_format", "--load-format", "str"),
+    ("hf_overrides", "--hf-overrides", "json"),
+    ("seed", "--seed", "int"),
+    ("reasoning_parser", "--reasoning-parser", "str"),
+    ("numa_bind", "--numa-bind", "bool"),
+    ("numa_bind_nodes", "--numa-bind-nodes", "intlist"),
+]
+_FLAG_TO_FIELD = {flag: field for field, flag, _ in _FLAGS}
+_FLAG_KIND = {flag: kind for _, flag, kind in _FLAGS}
+_BOOL_BASES = {flag for _, flag, kind in _FLAGS if kind == "bool"}
+
+
+class EndpointConfig(Strict):
+    """An OpenAI-compatible server that is already running: measured, never launched or stopped."""
+
+    kind: Literal["endpoint"] = Field(description="Measure a server that already runs.")
+    url: str = Field(description="Base URL, e.g. http://127.0.0.1:8000 (no /v1).")
+    model: str = Field(description="Model name the server expects in requests.")
+    tokenizer: str | None = Field(None, description="Tokenizer folder or hub id used to build exact-length prompts.")
+    api_key: str | None = Field(None, description="Bearer token, if the server wants one.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v):
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"url {v!r} must start with http:// or https://")
+        return v.rstrip("/").removesuffix("/v1")
+
+    def config_hash(self) -> str:
+        return stable_hash(self.model_dump(mode="json", exclude={"api_key"}))
+
+
+AnyEngine = Annotated[Union[EngineConfig, EndpointConfig], Field(discriminator="kind")]
+
+
+class RequestClass(Strict):
+    """One kind of request in a mix: prompt and output lengths in exact tokens (a value or [min, max])."""
+
+    name: str = Field(description="Label stored with each request, e.g. chat, summary, long_document.")
+    weight: float = Field(1.0, gt=0, description="Relative share of requests.")
+    prompt_tokens: int | tuple[int, int] = Field(description="Prompt length in tokens: N or [min, max].")
+    output_tokens: int | tuple[int, int] = Field(description="Output length in tokens: N or [min, max].")
+
+    @field_validator("prompt_tokens", "output_tokens")
+    @classmethod
+    def _range(cls, v):
+        lo, hi = (v, v) if isinstance(v, int) else v
+        if lo < 1 or hi < lo:
+            raise ValueError(f"{v} must be a positive N or [min, max] with 1 <= min <= max")
+        return v
+
+
+class Workload(Strict):
+    """What the load generator sends, and when."""
+
+    api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions.")
+    mix: str | list[RequestClass] = Field(
+        "fixed-128", description="A named mix (see `qwen3lab.workload.MIXES`) or a list of request classes."
+    )
+    num_requests: int = Field(200, ge=1, description="Requests measured (after warmup).")
+    warmup_requests: int = Field(0, ge=0, description="Requests sent first and not measured.")
+    duration_s: float | None = Field(
+        None, gt=0, description="Keep sending until this many seconds have passed (soak); num_requests then caps nothing."
+    )
+    concurrency: int | None = Field(16, ge=1, description="Most requests in flight at once (None = no cap).")
+    request_rate: float | None = Field(None, gt=0, description="Requests per second; None sends as fast as concurrency allows.")
+    burstiness: float = Field(1.0, gt=0, description="Gamma shape of arrival gaps: 1 = Poisson, <1 burstier.")
+    shared_prefix_fraction: float = Field(0.0, ge=0, le=1, description="Share of requests that start with one common prefix.")
+    shared_prefix_tokens: int = Field(0, ge=0, description="Length of that common prefix in tokens.")
+    ignore_eos: bool = Field(True, description="Generate exactly output_tokens (needed with dummy weights).")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature.")
+    enable_thinking: bool | None = Field(
+        None, description="Chat only: chat_template_kwargs.enable_thinking (Qwen3 thinking mode on/off)."
+    )
+    fit_to_context: bool = Field(
+        True, description="Scale down a request class whose prompt + output would not fit max_model_len."
+    )
+    seed: int = Field(0, description="Seed for lengths, words, classes and arrival gaps: same seed, same bytes.")
+    request_timeout_s: float = Field(600.0, gt=0, description="A request that takes longer is recorded as failed.")
+    scrape_interval_s: float = Field(1.0, gt=0, description="How often /metrics is scraped during the load.")
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.enable_thinking is not None and self.api != "chat":
+            raise ValueError("enable_thinking works through the chat template: set api: chat")
+        if self.concurrency is None and self.request_rate is None:
+            raise ValueError("set concurrency, request_rate, or both (else every request is sent at once)")
+        return self
+
+
+class SLO(Strict):
+    """Latency targets in milliseconds; a request is good when it meets every one that is set."""
+
+    ttft_ms: float | None = Field(None, gt=0, description="Time to first token, per request.")
+    tpot_ms: float | None = Field(None, gt=0, description="Time per output token after the first, per request.")
+    e2el_ms: float | None = Field(None, gt=0, description="End-to-end latency, per request.")
+    ttft_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TTFT must be at most this.")
+    tpot_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TPOT must be at most this.")
+    e2el_p99_ms: float | None = Field(None, gt=0, description="Trial-level: P99 E2EL must be at most this.")
+
+
+class Trial(Strict):
+    """One engine configuration x one workload point: the unit that is launched, measured and stored."""
+
+    experiment: str = Field(description="Experiment name.")
+    chapter: str = Field("main", description="Workbook chapter the trial belongs to.")
+    name: str = Field(description="Trial name, unique within its chapter.")
+    engine: AnyEngine = Field(description="What to launch or measure.")
+    workload: Workload = Field(description="What to send.")
+    slo: SLO = Field(default_factory=SLO, description="Targets for goodput and the winner.")
+    skip_reason: str | None = Field(None, description="Why this trial cannot run here; it is stored as skipped.")
+    baseline: str | None = Field(None, description="Name of the trial this one is compared against.")
+    tags: dict[str, str] = Field(default_factory=dict, description="Free labels (knob, recipe, ...).")
+
+    @property
+    def key(self) -> str:
+        """Identity for resuming: same experiment, chapter, name, engine and workload = same trial."""
+        return stable_hash({
+            "experiment": self.experiment, "chapter": self.chapter, "name": self.name,
+            "engine": self.engine.model_dump(mode="json"), "workload": self.workload.model_dump(mode="json"),
+        })[:16]
+
+
+def stable_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()

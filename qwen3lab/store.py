@@ -1,0 +1,280 @@
+"""The DuckDB store: the only code that speaks SQL. Schema, migrations, and named queries.
+
+DuckDB lets one process write a file at a time, and a reader cannot open it while a writer holds it. So every
+call opens the file, does one short transaction, and closes it; a call that meets another process's lock
+waits and retries. That is what lets the dashboard read while a sweep writes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .errors import Qwen3LabError
+
+DEFAULT_DB = "qwen3lab.duckdb"
+LOCK_WAIT_S = 30.0
+
+# Key figures copied out of the summary into columns, so listing runs needs no JSON parsing.
+SUMMARY_COLUMNS = (
+    "completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+    "request_goodput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p95_tpot_ms",
+    "median_itl_ms", "p99_e2el_ms",
+)
+
+MIGRATIONS: list[str] = [
+    # 1: runs, requests, samples
+    """
+    CREATE TABLE runs (
+        run_id VARCHAR PRIMARY KEY,
+        trial_key VARCHAR, experiment VARCHAR, chapter VARCHAR, trial VARCHAR, baseline VARCHAR,
+        status VARCHAR NOT NULL, reason VARCHAR,
+        engine_kind VARCHAR, model VARCHAR, config_json VARCHAR, config_hash VARCHAR,
+        workload_json VARCHAR, slo_json VARCHAR, tags_json VARCHAR,
+        launch_command VARCHAR, exec_argv_json VARCHAR, env_json VARCHAR,
+        vllm_version VARCHAR, torch_version VARCHAR, python_executable VARCHAR,
+        git_commit VARCHAR, experiment_path VARCHAR, host VARCHAR, cpu VARCHAR, gpu VARCHAR,
+        started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ, log_path VARCHAR, notebook_path VARCHAR,
+        requests_digest VARCHAR, tokenizer_fingerprint VARCHAR,
+        planner_kv_tokens BIGINT, vllm_kv_tokens BIGINT, peak_gpu_memory_mib DOUBLE,
+        client_cpu_s DOUBLE, summary_json VARCHAR, info_json VARCHAR,
+        completed INTEGER, failed INTEGER, duration DOUBLE, request_throughput DOUBLE, output_throughput DOUBLE,
+        total_token_throughput DOUBLE, request_goodput DOUBLE, median_ttft_ms DOUBLE, p95_ttft_ms DOUBLE,
+        p99_ttft_ms DOUBLE, median_tpot_ms DOUBLE, p95_tpot_ms DOUBLE, median_itl_ms DOUBLE, p99_e2el_ms DOUBLE
+    );
+    CREATE TABLE requests (
+        run_id VARCHAR NOT NULL, idx INTEGER NOT NULL, request_class VARCHAR, warmup BOOLEAN,
+        shared_prefix BOOLEAN, prompt_tokens_target INTEGER, output_tokens_target INTEGER,
+        prompt_tokens INTEGER, output_tokens INTEGER, sent_at DOUBLE, ttft DOUBLE, e2el DOUBLE,
+        chunk_times DOUBLE[], status INTEGER, error VARCHAR
+    );
+    CREATE TABLE samples (
+        run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, value DOUBLE
+    );
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
+                   "output_tokens_target", "prompt_tokens", "output_tokens", "sent_at", "ttft", "e2el",
+                   "chunk_times", "status", "error")
+
+
+class StoreError(Qwen3LabError):
+    pass
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike = DEFAULT_DB):
+        self.path = str(Path(path).expanduser())
+        self._migrated = False
+
+    # --- connections ----------------------------------------------------------------------------------
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[Any]:
+        import duckdb
+
+        if read_only and not Path(self.path).exists():
+            raise StoreError(f"no database at {self.path}: run an experiment first (qwen3lab run ...) or pass --db")
+        if not read_only and not self._migrated:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        delay = 0.02
+        while True:
+            try:
+                con = duckdb.connect(self.path, read_only=read_only)
+                break
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise StoreError(f"cannot open {self.path}: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        try:
+            if not read_only and not self._migrated:
+                self._migrate(con)
+            yield con
+        finally:
+            con.close()
+
+    def _migrate(self, con) -> None:
+        con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER, applied_at TIMESTAMPTZ)")
+        have = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+        if have > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema v{have}, newer than this qwen3lab (v{SCHEMA_VERSION}): upgrade qwen3lab")
+        for version in range(have + 1, SCHEMA_VERSION + 1):
+            con.execute("BEGIN")
+            con.execute(MIGRATIONS[version - 1])
+            con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, now()])
+            con.execute("COMMIT")
+        self._migrated = True
+
+    def schema_version(self) -> int:
+        with self.connect() as con:
+            return con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+
+    # --- writing a run --------------------------------------------------------------------------------
+    def begin_run(self, **fields: Any) -> str:
+        """Insert the run row (status running) before anything is launched; returns its id."""
+        run_id = fields.pop("run_id", None) or new_run_id()
+        fields.setdefault("status", "running")
+        fields.setdefault("started_at", now())
+        cols = ["run_id", *fields]
+        with self.connect() as con:
+            con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [run_id, *(_sql_value(v) for v in fields.values())])
+        return run_id
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.connect() as con:
+            con.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*(_sql_value(v) for v in fields.values()), run_id])
+
+    def finish_run(self, run_id: str, status: str, reason: str | None = None,
+                   summary: dict | None = None, **fields: Any) -> None:
+        fields |= {"status": status, "reason": reason, "ended_at": now()}
+        if summary is not None:
+            fields["summary_json"] = summary
+            fields |= {k: summary.get(k) for k in SUMMARY_COLUMNS}
+        self.update_run(run_id, **fields)
+
+    def add_requests(self, run_id: str, records: Sequence[Any]) -> None:
+        """Append request records (loadgen.RequestRecord or dicts with the same fields)."""
+        if not records:
+            return
+        import pyarrow as pa
+
+        rows = [r if isinstance(r, dict) else _record_row(r) for r in records]
+        table = pa.table({c: [row.get(c, run_id) if c == "run_id" else row.get(c) for row in rows]
+                          for c in REQUEST_COLUMNS},
+                         schema=_request_schema())
+        with self.connect() as con:
+            con.register("incoming", table)
+            con.execute(f"INSERT INTO requests SELECT {', '.join(REQUEST_COLUMNS)} FROM incoming")
+
+    def add_samples(self, run_id: str, samples: Sequence[tuple[float, str, str, float]]) -> None:
+        """Append (t, source, name, value) samples."""
+        if not samples:
+            return
+        import pyarrow as pa
+
+        t, source, name, value = zip(*samples)
+        table = pa.table({"run_id": [run_id] * len(t), "t": list(t), "source": list(source),
+                          "name": list(name), "value": [float(v) for v in value]})
+        with self.connect() as con:
+            con.register("incoming", table)
+            con.execute("INSERT INTO samples SELECT run_id, t, source, name, value FROM incoming")
+
+    def delete_runs(self, run_ids: Sequence[str]) -> None:
+        with self.connect() as con:
+            for table in ("samples", "requests", "runs"):
+                con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT unnest(?))", [list(run_ids)])
+
+    # --- named queries --------------------------------------------------------------------------------
+    def _query(self, sql: str, params: Sequence[Any] = ()):
+        if not Path(self.path).exists():
+            return None
+        with self.connect(read_only=True) as con:
+            return con.execute(sql, list(params)).df()
+
+    def runs(self, experiment: str | None = None, chapter: str | None = None, status: str | None = None,
+             run_ids: Sequence[str] | None = None, with_json: bool = False):
+        """Runs as a pandas DataFrame, newest first (empty when there is no database yet)."""
+        import pandas as pd
+
+        where, params = [], []
+        for col, val in (("experiment", experiment), ("chapter", chapter), ("status", status)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        if run_ids is not None:
+            where.append("run_id IN (SELECT unnest(?))")
+            params.append(list(run_ids))
+        drop = () if with_json else ("summary_json", "info_json", "config_json", "workload_json", "exec_argv_json")
+        cols = "*" if with_json else "* EXCLUDE (" + ", ".join(drop) + ")"
+        sql = f"SELECT {cols} FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY started_at DESC"
+        df = self._query(sql, params)
+        return df if df is not None else pd.DataFrame()
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        df = self.runs(run_ids=[run_id], with_json=True)
+        if df.empty:
+            raise StoreError(f"no run {run_id!r} in {self.path}: list them with `qwen3lab runs`")
+        row = df.iloc[0].to_dict()
+        for key in ("summary_json", "info_json", "config_json", "workload_json", "slo_json", "tags_json",
+                    "exec_argv_json", "env_json"):
+            if row.get(key):
+                row[key.removesuffix("_json")] = json.loads(row[key])
+        return row
+
+    def requests(self, run_ids: Sequence[str], measured_only: bool = True, with_chunks: bool = True):
+        cols = "*" if with_chunks else "* EXCLUDE (chunk_times)"
+        warm = "AND NOT warmup" if measured_only else ""
+        df = self._query(f"SELECT {cols} FROM requests WHERE run_id IN (SELECT unnest(?)) {warm} ORDER BY run_id, idx",
+                         [list(run_ids)])
+        return df
+
+    def request_counts(self, run_ids: Sequence[str]) -> dict[str, int]:
+        df = self._query("SELECT run_id, count(*) AS n FROM requests WHERE run_id IN (SELECT unnest(?)) "
+                         "AND NOT warmup GROUP BY run_id", [list(run_ids)])
+        return {} if df is None else dict(zip(df.run_id, df.n))
+
+    def samples(self, run_ids: Sequence[str], source: str | None = None):
+        extra, params = ("AND source = ?", [source]) if source else ("", [])
+        return self._query(f"SELECT * FROM samples WHERE run_id IN (SELECT unnest(?)) {extra} ORDER BY run_id, t",
+                           [list(run_ids), *params])
+
+    def finished_trial(self, trial_key: str) -> str | None:
+        """The run id of a trial that already ended ok or skipped (a sweep does not run it again)."""
+        df = self._query("SELECT run_id FROM runs WHERE trial_key = ? AND status IN ('ok', 'skipped') "
+                         "ORDER BY started_at DESC LIMIT 1", [trial_key])
+        return None if df is None or df.empty else str(df.run_id[0])
+
+    def trial_runs(self, trial_key: str):
+        return self._query("SELECT run_id, status, reason FROM runs WHERE trial_key = ? ORDER BY started_at",
+                           [trial_key])
+
+    def experiments(self) -> list[str]:
+        df = self._query("SELECT DISTINCT experiment FROM runs WHERE experiment IS NOT NULL ORDER BY 1")
+        return [] if df is None else list(df.experiment)
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def _sql_value(v: Any) -> Any:
+    if isinstance(v, (dict, list, tuple)):
+        return json.dumps(v, sort_keys=True, default=str)
+    return v
+
+
+def _record_row(r: Any) -> dict[str, Any]:
+    return {
+        "idx": r.index, "request_class": r.request_class, "warmup": r.warmup, "shared_prefix": r.shared_prefix,
+        "prompt_tokens_target": r.prompt_tokens_target, "output_tokens_target": r.output_tokens_target,
+        "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "sent_at": r.sent_at,
+        "ttft": r.ttft, "e2el": r.e2el, "chunk_times": list(r.chunk_times), "status": r.status, "error": r.error,
+    }
+
+
+def _request_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("run_id", pa.string()), ("idx", pa.int32()), ("request_class", pa.string()), ("warmup", pa.bool_()),
+        ("shared_prefix", pa.bool_()), ("prompt_tokens_target", pa.int32()), ("output_tokens_target", pa.int32()),
+        ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()), ("sent_at", pa.float64()),
+        ("ttft", pa.float64()), ("e2el", pa.float64()), ("chunk_times", pa.list_(pa.float64())),
+        ("status", pa.int32()), ("error", pa.string()),
+    ])
