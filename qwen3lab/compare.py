@@ -1,0 +1,161 @@
+"""Comparing stored runs: ranking under SLOs, the winner's margin, and each knob's effect against its baseline.
+
+Everything is recomputed from the stored per-request rows, so changing an SLO never needs a re-run, and
+every difference comes with a bootstrap 95% interval: "within noise" when that interval holds zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .metrics import Interval, RequestTable, bootstrap_two, meets_slo, per_request_slo, summarize
+from .spec import SLO
+from .store import Store
+
+
+def request_table(requests: pd.DataFrame) -> RequestTable:
+    """A RequestTable from stored request rows (measured ones; the store drops warmup by default)."""
+    ok = requests.error.isna() & requests.ttft.notna()
+    return RequestTable.from_columns(
+        ok=ok, ttft=requests.ttft.tolist(), e2el=requests.e2el.tolist(),
+        prompt_tokens=requests.prompt_tokens.fillna(requests.prompt_tokens_target).tolist(),
+        output_tokens=requests.output_tokens.fillna(0).tolist(),
+        chunk_times=requests.chunk_times.tolist() if "chunk_times" in requests else [[]] * len(requests),
+        request_class=requests.request_class.tolist(),
+    )
+
+
+@dataclass
+class RunData:
+    run_id: str
+    label: str
+    duration: float
+    table: RequestTable
+    row: dict
+
+    def per_request(self, slo: SLO) -> np.ndarray:
+        """Columns per request for the vectorised bootstrap: good?, output tokens, TTFT (NaN if failed)."""
+        t = self.table
+        good = np.zeros(len(t), dtype=float)
+        good[t.ok] = t.good(per_request_slo(slo))
+        out = np.where(t.ok, t.output_tokens, 0).astype(float)
+        return np.column_stack([good, out, t.ttft])
+
+
+def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False) -> list[RunData]:
+    rows = store.runs(run_ids=run_ids)
+    if rows.empty:
+        return []
+    reqs = store.requests(run_ids, with_chunks=with_chunks)
+    out = []
+    for row in rows.to_dict("records"):
+        mine = reqs[reqs.run_id == row["run_id"]] if reqs is not None else pd.DataFrame()
+        if mine.empty or not row.get("duration"):
+            continue
+        out.append(RunData(row["run_id"], run_label(row), float(row["duration"]), request_table(mine), row))
+    order = {rid: i for i, rid in enumerate(run_ids)}
+    return sorted(out, key=lambda r: order.get(r.run_id, 0))
+
+
+def run_label(row: dict) -> str:
+    return f"{row.get('chapter')}/{row.get('trial')}" if row.get("trial") else row["run_id"]
+
+
+def rank(runs: list[RunData], slo: SLO) -> pd.DataFrame:
+    """Runs ranked by goodput under `slo` (ties broken by output throughput); SLO failures rank last."""
+    recs = []
+    for r in runs:
+        s = summarize(r.table, r.duration, slo)
+        recs.append({"run_id": r.run_id, "label": r.label, "goodput": s.get("request_goodput", s["request_throughput"]),
+                     "output_throughput": s["output_throughput"], "request_throughput": s["request_throughput"],
+                     "p95_ttft_ms": s["p95_ttft_ms"], "p95_tpot_ms": s["p95_tpot_ms"], "p99_e2el_ms": s["p99_e2el_ms"],
+                     "completed": s["completed"], "failed": s["failed"], "slo_pass": meets_slo(s, slo)})
+    df = pd.DataFrame(recs)
+    if df.empty:
+        return df
+    df = df.sort_values(["slo_pass", "goodput", "output_throughput"], ascending=False).reset_index(drop=True)
+    df.insert(0, "rank", range(1, len(df) + 1))
+    return df
+
+
+def _goodput(dur: float):
+    return lambda x: x[..., 0].sum(axis=-1) / dur
+
+
+def _throughput(dur: float):
+    return lambda x: x[..., 1].sum(axis=-1) / dur
+
+
+def _p95_ttft(x: np.ndarray) -> np.ndarray:
+    return np.nanpercentile(x[..., 2], 95, axis=-1) * 1000
+
+
+def difference(a: RunData, b: RunData, slo: SLO, metric: str = "goodput", n_boot: int = 2000,
+               relative: bool = False) -> Interval:
+    """Bootstrap interval of metric(a) - metric(b), or of metric(a)/metric(b) - 1 in percent when `relative`.
+
+    metric: goodput (requests/s meeting the SLOs), output_throughput (tokens/s) or p95_ttft_ms.
+    """
+    stats = {"goodput": (_goodput(a.duration), _goodput(b.duration)),
+             "output_throughput": (_throughput(a.duration), _throughput(b.duration)),
+             "p95_ttft_ms": (_p95_ttft, _p95_ttft)}
+    if metric not in stats:
+        raise ValueError(f"metric {metric!r}: use one of {', '.join(stats)}")
+    combine = (lambda da, db: (da / db - 1) * 100) if relative else (lambda da, db: da - db)
+    return bootstrap_two(a.per_request(slo), b.per_request(slo), *stats[metric], combine, n_boot)
+
+
+@dataclass
+class Winner:
+    ranking: pd.DataFrame
+    winner: RunData | None
+    runner_up: RunData | None
+    margin: Interval | None  # winner goodput - runner-up goodput, requests/s
+
+    @property
+    def within_noise(self) -> bool:
+        return self.margin is not None and not self.margin.excludes_zero
+
+
+def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 2000) -> Winner:
+    ranking = rank(runs, slo)
+    if ranking.empty:
+        return Winner(ranking, None, None, None)
+    by_id = {r.run_id: r for r in runs}
+    first = by_id[ranking.run_id[0]]
+    if not ranking.slo_pass[0]:
+        return Winner(ranking, None, None, None)  # nothing meets the SLOs: no winner, say so
+    second = by_id[ranking.run_id[1]] if len(ranking) > 1 else None
+    margin = difference(first, second, slo, "goodput", n_boot) if second else None
+    return Winner(ranking, first, second, margin)
+
+
+def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.DataFrame:
+    """For each chapter: every ok trial against its baseline, relative change with a 95% interval."""
+    runs = store.runs(experiment=experiment, status="ok")
+    if runs.empty:
+        return pd.DataFrame()
+    # The newest ok run of each trial stands for it.
+    runs = runs.sort_values("started_at").groupby(["chapter", "trial"], as_index=False).last()
+    data = {r.run_id: r for r in load_runs(store, list(runs.run_id))}
+    recs = []
+    for row in runs.to_dict("records"):
+        base_name = row.get("baseline")
+        if not base_name or row["run_id"] not in data:
+            continue
+        base = runs[(runs.chapter == row["chapter"]) & (runs.trial == base_name)]
+        if base.empty or base.run_id.iloc[0] not in data:
+            continue
+        a, b = data[row["run_id"]], data[base.run_id.iloc[0]]
+        for metric, better in (("goodput", "higher"), ("output_throughput", "higher"), ("p95_ttft_ms", "lower")):
+            iv = difference(a, b, slo, metric, n_boot, relative=True)
+            if not iv.excludes_zero:
+                verdict = "within noise"
+            else:
+                verdict = "better" if (iv.estimate > 0) == (better == "higher") else "worse"
+            recs.append({"chapter": row["chapter"], "trial": row["trial"], "baseline": base_name, "metric": metric,
+                         "change_pct": iv.estimate, "low_pct": iv.low, "high_pct": iv.high, "verdict": verdict,
+                         "run_id": a.run_id, "baseline_run_id": b.run_id})
+    return pd.DataFrame(recs)

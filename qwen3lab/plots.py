@@ -1,0 +1,140 @@
+"""Plotly figures shared by the notebooks and the dashboard; each takes what a `store` query returns."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+LATENCY_LABELS = {"ttft": "TTFT (ms)", "tpot": "TPOT (ms)", "e2el": "E2EL (ms)", "itl": "ITL (ms)"}
+SERVER_SERIES = {
+    "vllm:num_requests_running": "running requests", "vllm:num_requests_waiting": "waiting requests",
+    "vllm:kv_cache_usage_perc": "KV cache usage (0-1)", "vllm:num_preemptions_total": "preemptions (total)",
+}
+GPU_SERIES = {"memory_used_mib": "GPU memory used (MiB)", "utilization_pct": "GPU utilization (%)",
+              "power_w": "GPU power (W)"}
+
+
+def _go():
+    import plotly.graph_objects as go
+
+    return go
+
+
+def pareto_front(points: pd.DataFrame, x: str = "p95_ttft_ms", y: str = "output_throughput") -> pd.Series:
+    """True where no other point has both lower (or equal) x and higher (or equal) y, one of them strictly."""
+    xs, ys = points[x].to_numpy(float), points[y].to_numpy(float)
+    front = []
+    for i in range(len(points)):
+        dominated = np.any((xs <= xs[i]) & (ys >= ys[i]) & ((xs < xs[i]) | (ys > ys[i])))
+        front.append(not dominated and not np.isnan(xs[i]) and not np.isnan(ys[i]))
+    return pd.Series(front, index=points.index)
+
+
+def pareto_figure(runs: pd.DataFrame, label: str = "trial"):
+    """Output throughput against P95 TTFT, one marker a run, the Pareto front joined by a line."""
+    go = _go()
+    df = runs.dropna(subset=["p95_ttft_ms", "output_throughput"]).copy()
+    fig = go.Figure()
+    if df.empty:
+        return _empty(fig, "No finished runs to compare yet")
+    df["front"] = pareto_front(df)
+    names = df[label].astype(str) if label in df else df.run_id
+    fig.add_trace(go.Scatter(x=df.p95_ttft_ms, y=df.output_throughput, mode="markers+text", text=names,
+                             textposition="top center", name="runs",
+                             marker=dict(size=11, color=np.where(df.front, "#d62728", "#1f77b4")),
+                             customdata=df.run_id,
+                             hovertemplate="%{text}<br>P95 TTFT %{x:.1f} ms<br>%{y:.1f} tok/s<br>%{customdata}"))
+    front = df[df.front].sort_values("p95_ttft_ms")
+    fig.add_trace(go.Scatter(x=front.p95_ttft_ms, y=front.output_throughput, mode="lines", name="Pareto front",
+                             line=dict(color="#d62728", dash="dash")))
+    fig.update_layout(title="Throughput vs P95 TTFT (up and left is better)", xaxis_title="P95 TTFT (ms)",
+                      yaxis_title="output tokens/s", height=460)
+    return fig
+
+
+def per_request_latency(requests: pd.DataFrame, metric: str) -> pd.Series:
+    """Per-request latency in ms: ttft, e2el, tpot ((E2EL-TTFT)/(out-1), out > 1) or itl (pooled gaps)."""
+    ok = requests[requests.error.isna() & requests.ttft.notna()]
+    if metric in ("ttft", "e2el"):
+        return ok[metric] * 1000
+    if metric == "tpot":
+        many = ok[ok.output_tokens > 1]
+        return (many.e2el - many.ttft) / (many.output_tokens - 1) * 1000
+    if metric == "itl":
+        gaps = [np.diff(np.asarray(c)) for c in ok.chunk_times if c is not None and len(c) > 1]
+        return pd.Series(np.concatenate(gaps) * 1000 if gaps else [], dtype=float)
+    raise ValueError(f"metric {metric!r}: use ttft, tpot, e2el or itl")
+
+
+def cdf_figure(requests: pd.DataFrame, metric: str, labels: dict[str, str]):
+    """Empirical CDF of a latency, one line per run (labels: run_id -> name)."""
+    go = _go()
+    fig = go.Figure()
+    for run_id, group in requests.groupby("run_id", sort=False):
+        values = np.sort(per_request_latency(group, metric).to_numpy(float))
+        if len(values) == 0:
+            continue
+        fig.add_trace(go.Scatter(x=values, y=np.arange(1, len(values) + 1) / len(values), mode="lines",
+                                 name=labels.get(run_id, run_id)))
+    fig.update_layout(title=f"CDF of {LATENCY_LABELS[metric]}", xaxis_title=LATENCY_LABELS[metric],
+                      yaxis_title="fraction of requests", yaxis_range=[0, 1.01], height=380)
+    return fig
+
+
+def class_figure(requests: pd.DataFrame, labels: dict[str, str], metric: str = "ttft"):
+    """A latency per request class of a mix (chat / summary / long document), one box per run and class."""
+    go = _go()
+    fig = go.Figure()
+    for run_id, group in requests.groupby("run_id", sort=False):
+        values = per_request_latency(group, metric)
+        classes = group.loc[values.index, "request_class"] if metric != "itl" else None
+        fig.add_trace(go.Box(x=classes, y=values, name=labels.get(run_id, run_id), boxmean=True))
+    fig.update_layout(boxmode="group", title=f"{LATENCY_LABELS[metric]} by request class",
+                      yaxis_title=LATENCY_LABELS[metric], height=380)
+    return fig
+
+
+def timeseries_figure(samples: pd.DataFrame, labels: dict[str, str], series: dict[str, str]):
+    """One panel per series (server metrics or GPU samples) over seconds since the load started."""
+    from plotly.subplots import make_subplots
+
+    go = _go()
+    present = [name for name in series if name in set(samples.name)] if not samples.empty else []
+    if not present:
+        return _empty(go.Figure(), "No samples recorded for these series (e.g. no GPU on this machine)")
+    fig = make_subplots(rows=len(present), cols=1, shared_xaxes=True, subplot_titles=[series[n] for n in present],
+                        vertical_spacing=0.08)
+    for row, name in enumerate(present, start=1):
+        for run_id, group in samples[samples.name == name].groupby("run_id", sort=False):
+            # One GPU line per device; server metrics have one source.
+            for source, g in group.groupby("source"):
+                suffix = f" {source}" if source.startswith("gpu") and group.source.nunique() > 1 else ""
+                fig.add_trace(go.Scatter(x=g.t, y=g.value, mode="lines", name=labels.get(run_id, run_id) + suffix,
+                                         legendgroup=run_id, showlegend=row == 1), row=row, col=1)
+    fig.update_xaxes(title_text="seconds since the load started", row=len(present), col=1)
+    fig.update_layout(height=220 * len(present) + 80)
+    return fig
+
+
+def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
+    """Each knob's change against its baseline, in percent, with its 95% interval (a forest plot)."""
+    go = _go()
+    df = claims[claims.metric == metric]
+    fig = go.Figure()
+    if df.empty:
+        return _empty(fig, "No trial has a finished baseline to compare against")
+    names = df.chapter + "/" + df.trial + " vs " + df.baseline
+    colours = df.verdict.map({"better": "#2ca02c", "worse": "#d62728"}).fillna("#7f7f7f")
+    fig.add_trace(go.Scatter(x=df.change_pct, y=names, mode="markers", marker=dict(size=10, color=colours),
+                             error_x=dict(type="data", symmetric=False, array=df.high_pct - df.change_pct,
+                                          arrayminus=df.change_pct - df.low_pct),
+                             text=df.verdict, hovertemplate="%{y}: %{x:+.1f}% (%{text})"))
+    fig.add_vline(x=0, line_dash="dot")
+    fig.update_layout(title=f"Change in {metric} against the baseline (95% interval)", xaxis_title="change (%)",
+                      height=120 + 40 * len(df))
+    return fig
+
+
+def _empty(fig, message: str):
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=200)
+    return fig
