@@ -53,6 +53,34 @@ def run(
 
 
 @app.command()
+def sweep(
+    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
+    db: str = DB,
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Only these chapters (repeatable or comma-separated)."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where executed notebooks and server logs are kept."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed."),
+    param: Optional[list[str]] = typer.Option(None, "-p", "--param", help="Notebook parameter NAME=VALUE, e.g. -p num_requests=8."),
+):
+    """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
+    from . import sweep as sw
+
+    chapters = [c for item in only or [] for c in item.split(",") if c] or None
+    try:
+        if dry_run:
+            # Launch commands are long: a pipe or a file gets them whole, not folded at 80 columns.
+            wide = console if console.is_terminal else Console(width=220)
+            result = sw.dry_run(experiment, chapters, console=wide)
+        else:
+            result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
+                              console=console)
+            console.print(sw.summary_table(result, db))
+    except Qwen3LabError as exc:
+        _fail(exc)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
 def runs(
     db: str = DB,
     experiment: Optional[str] = typer.Option(None, help="Only this experiment."),
@@ -94,4 +122,8 @@ def schema(section: str = typer.Argument("engine", help="engine, endpoint, workl
 
 
 def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # `python -m qwen3lab.cli ...`
     app()

@@ -134,6 +134,67 @@ def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
     return fig
 
 
+def prompt_length_figure(requests: pd.DataFrame, labels: dict[str, str], metric: str = "ttft"):
+    """A latency against each request's prompt length, one marker per request, one colour per run."""
+    go = _go()
+    fig = go.Figure()
+    for run_id, group in requests.groupby("run_id", sort=False):
+        values = per_request_latency(group, metric)
+        if values.empty:
+            continue
+        lengths = group.loc[values.index, "prompt_tokens"].fillna(group.loc[values.index, "prompt_tokens_target"])
+        fig.add_trace(go.Scatter(x=lengths, y=values, mode="markers", name=labels.get(run_id, run_id),
+                                 text=group.loc[values.index, "request_class"],
+                                 hovertemplate="%{text}: %{x} tokens, %{y:.1f} ms"))
+    if not fig.data:
+        return _empty(fig, "No finished requests to plot")
+    fig.update_layout(title=f"{LATENCY_LABELS[metric]} against prompt length", xaxis_title="prompt tokens",
+                      yaxis_title=LATENCY_LABELS[metric], height=420)
+    return fig
+
+
+def request_box_figure(requests: pd.DataFrame, labels: dict[str, str], column: str, title: str, axis: str):
+    """One box per run of a per-request column (e.g. output_tokens) or latency (ttft, e2el, tpot)."""
+    go = _go()
+    fig = go.Figure()
+    for run_id, group in requests.groupby("run_id", sort=False):
+        ok = group[group.error.isna() & group.ttft.notna()]
+        values = per_request_latency(ok, column) if column in LATENCY_LABELS else ok[column]
+        fig.add_trace(go.Box(y=values, name=labels.get(run_id, run_id), boxmean=True))
+    if not fig.data:
+        return _empty(fig, "No finished requests to plot")
+    fig.update_layout(title=title, yaxis_title=axis, height=380, showlegend=False)
+    return fig
+
+
+def bar_figure(df: pd.DataFrame, x: str, y: str, title: str, axis: str):
+    """A bar per row (e.g. prefix-cache hit rate per trial); NaN bars are left out with a note."""
+    go = _go()
+    d = df.dropna(subset=[y])
+    fig = go.Figure()
+    if d.empty:
+        return _empty(fig, f"No values of {y} recorded")
+    fig.add_trace(go.Bar(x=d[x].astype(str), y=d[y]))
+    fig.update_layout(title=title, yaxis_title=axis, height=360)
+    return fig
+
+
+def window_figure(windows: pd.DataFrame, labels: dict[str, str],
+                  columns: tuple[str, ...] = ("p50_ttft_ms", "p95_ttft_ms", "p50_e2el_ms", "p95_e2el_ms")):
+    """Windowed latency percentiles over a (soak) run: drift shows as a slope."""
+    go = _go()
+    fig = go.Figure()
+    if windows.empty:
+        return _empty(fig, "No windows: the run has no finished requests")
+    for run_id, g in windows.groupby("run_id", sort=False):
+        for col in columns:
+            fig.add_trace(go.Scatter(x=g.window_start_s, y=g[col], mode="lines+markers",
+                                     name=f"{labels.get(run_id, run_id)} {col.replace('_ms', '')}"))
+    fig.update_layout(title="Latency per time window", xaxis_title="seconds since the load started",
+                      yaxis_title="ms", height=420)
+    return fig
+
+
 def _empty(fig, message: str):
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=200)

@@ -18,6 +18,8 @@ YARN_HINT = ('hf_overrides: {rope_parameters: {rope_type: yarn, factor: 4.0, ori
              'rope_theta: 1000000}} (older vLLM: --rope-scaling)')
 AWQ_METHODS = {"awq", "awq_marlin"}
 FLASHINFER_BLOCKS = (16, 32, 64)
+# Flags that blog recipes pass but no current vLLM has (vLLM raises on unknown arguments).
+NOT_ENGINE_ARGS = {"--max-paddings", "--batch-size-delay"}
 
 
 @dataclass
@@ -68,7 +70,11 @@ class Verdict:
 
     @property
     def label(self) -> str:
+        if self.expected_errors and not self.errors:
+            return "rejected"
         return "error" if self.errors else "skip" if self.skip else "ok"
+
+    expected_errors: list[SpecError] = field(default_factory=list)  # for trials tagged expect: error
 
 
 def yarn_limit(hf_overrides: dict | None) -> int | None:
@@ -101,6 +107,11 @@ def _engine_rules(cfg: EngineConfig, info: ModelInfo | None, where: str) -> list
         errors.append(SpecError(
             "engine.quantization", "fp8", f"a BF16/FP16 or FP8 checkpoint (this one is {info.quant_method})",
             "leave quantization unset to use the checkpoint's own method", where))
+    for flag in cfg.extra_args:
+        if flag.split("=", 1)[0] in NOT_ENGINE_ARGS:
+            errors.append(SpecError(
+                "engine.extra_args", flag, "flags of `vllm serve --help`",
+                f"remove it: {flag.split('=', 1)[0]} is not an EngineArg of any current vLLM (it raises at start-up)", where))
     if cfg.attention_backend == "FLASHINFER" and cfg.block_size is not None and cfg.block_size not in FLASHINFER_BLOCKS:
         errors.append(SpecError("engine.block_size", cfg.block_size, "16, 32 or 64 with FLASHINFER",
                                 "pick one of those, or another backend", where))
@@ -167,6 +178,10 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
     verdict.errors += _engine_rules(cfg, info, where)
     if machine is not None:
         errors, skip, notes = _machine_rules(cfg, info, machine, where)
+        if trial.skip_reason:
+            # Marked as not applicable here, so never run here: rules about this machine are moot for it.
+            notes += [f"moot here (trial is skipped): {e}" for e in errors]
+            errors = []
         verdict.errors += errors
         verdict.skip = verdict.skip or skip
         verdict.notes += notes
@@ -176,10 +191,32 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
 
             verdict.plan = planner.plan_trial(cfg, info, gpu_id, trial.workload)
             if problem := verdict.plan.get("does_not_fit"):
-                verdict.errors.append(SpecError("engine", cfg.model, "a configuration that fits in GPU memory",
-                                                problem, where))
+                error = SpecError("engine", cfg.model, "a configuration that fits in GPU memory", problem, where)
+                if trial.skip_reason:  # already known not to run there (e.g. BF16 on a 24 GiB card)
+                    verdict.notes.append(f"moot here (trial is skipped): {error}")
+                else:
+                    verdict.errors.append(error)
         except (ImportError, AttributeError):
             pass  # planner not available yet: memory fit is not checked
+    return _expectation(verdict, where)
+
+
+def _expectation(verdict: Verdict, where: str) -> Verdict:
+    """A trial tagged `expect: error` demonstrates an invalid recipe: pre-flight rejecting it is the result.
+
+    It is stored as skipped with the rejection as its reason, and the sweep goes on; if pre-flight lets it
+    through, that is the error (the rule it demonstrates has changed or is missing).
+    """
+    if verdict.trial.tags.get("expect") != "error":
+        return verdict
+    if verdict.errors:
+        verdict.expected_errors, verdict.errors = verdict.errors, []
+        verdict.skip = "rejected by pre-flight, as expected: " + "; ".join(
+            f"{e.field} = {e.value!r}: allowed {e.allowed}. Fix: {e.fix}" for e in verdict.expected_errors)
+    elif not verdict.skip:
+        verdict.errors.append(SpecError(
+            "tags.expect", "error", "a trial that pre-flight rejects (this one passed)",
+            "the rule this trial demonstrates is missing or changed: fix the rule or drop `expect: error`", where))
     return verdict
 
 

@@ -121,6 +121,41 @@ async def _measure(server: engine.Server, requests, trial: Trial, on_done) -> tu
     return result, scraper.samples
 
 
+def run_coroutine(coro):
+    """asyncio.run, also from inside a running event loop (a Jupyter kernel has one): then the coroutine runs
+    in a worker thread with its own loop, and Ctrl-C / a kernel interrupt cancels it there."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict = {}
+
+    async def main():
+        box["task"] = asyncio.current_task()
+        box["loop"] = asyncio.get_running_loop()
+        return await coro
+
+    def target():
+        try:
+            box["value"] = asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="qwen3lab-load", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        if "task" in box:
+            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        worker.join(30)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | None, machine: dict) -> dict:
     cfg = trial.engine
     return dict(
@@ -175,7 +210,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
-            result, scraped = asyncio.run(_measure(server, requests, trial, flusher.add))
+            result, scraped = run_coroutine(_measure(server, requests, trial, flusher.add))
             sampler.stop()
             flusher.flush()
             table = metrics.RequestTable.from_records(result.records)
