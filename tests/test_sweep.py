@@ -1,0 +1,232 @@
+"""`qwen3lab sweep`: the dry run of the GPU experiments lists every trial with its verdict; pre-flight's
+expected rejections; a sweep killed mid-way resumes without duplicate runs and leaves no vLLM behind."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from qwen3lab import engine, preflight, runner, sweep
+from qwen3lab import experiment as xp
+from qwen3lab.errors import Qwen3LabError
+from qwen3lab.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_EXPERIMENTS = ["experiments/a100-80g-qwen3-14b.yaml", "experiments/rtx4090-qwen3-14b.yaml"]
+
+
+def cli(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="220")
+    return subprocess.run([sys.executable, "-m", "qwen3lab.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def table_rows(text: str) -> dict[tuple[str, str], str]:
+    """(chapter, trial) -> verdict, from the first line of each row of the dry-run table."""
+    rows, last_chapter = {}, None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) < 6 or not cells[2] or cells[3] not in ("ok", "skip", "error", "rejected"):
+            continue
+        rows[(cells[1], cells[2])] = cells[3]
+    return rows
+
+
+@pytest.mark.parametrize("path", GPU_EXPERIMENTS)
+def test_dry_run_prints_every_trial_with_its_command_and_verdict(path):
+    got = cli("sweep", path, "--dry-run")
+    assert got.returncode == 0, got.stdout + got.stderr
+    exp = xp.load(ROOT / path)
+    trials = xp.expand(exp)
+    rows = table_rows(got.stdout)
+    assert {(t.chapter, t.name) for t in trials} == set(rows), "a trial is missing from the dry run"
+    flat = re.sub(r"[│\s]+", " ", got.stdout)
+    for t in trials:
+        assert t.engine.model in flat
+    # The recipes are measured: their trials are there, the invalid lines rejected as expected.
+    recipe = [t for t in trials if t.tags.get("recipe")]
+    assert recipe and any(rows[(t.chapter, t.name)] == "rejected" for t in recipe)
+    assert any(rows[(t.chapter, t.name)] == "ok" for t in recipe)
+    assert "vllm serve Qwen/Qwen3-14B" in flat
+    assert f"{len(trials)} trials" in got.stdout
+
+
+def test_a100_recipe_is_printed_verbatim():
+    got = cli("sweep", GPU_EXPERIMENTS[0], "--dry-run", "--only", "baseline")
+    flat = re.sub(r"[│\s]+", " ", got.stdout)
+    for flag in ("--quantization fp8", "--kv-cache-dtype fp8", "--block-size 32", "--max-num-seqs 128",
+                 "--enforce-eager", "--gpu-memory-utilization 0.92", "--max-model-len 131072"):
+        assert flag in flat
+    assert "--model" not in flat  # deprecated: the model is positional
+
+
+def test_4090_recipe_awq_on_bf16_is_rejected_by_preflight():
+    exp = xp.load(ROOT / GPU_EXPERIMENTS[1])
+    trial = next(t for t in xp.expand(exp, ["baseline"]) if t.name == "recipe-4090-verbatim")
+    v = preflight.check(trial, preflight.Machine.for_gpu("rtx4090"), "rtx4090")
+    assert v.label == "rejected" and not v.errors
+    assert "AWQ checkpoint" in v.skip
+    # Without the expectation tag it is a plain error, which stops a sweep before any launch.
+    plain = trial.model_copy(update={"tags": {}})
+    assert preflight.check(plain, preflight.Machine.for_gpu("rtx4090"), "rtx4090").errors
+
+
+def test_dry_run_with_an_unexpected_error_exits_2_and_still_lists_every_trial(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("""
+name: bad
+gpu: a100-80g
+engine: {model: Qwen/Qwen3-14B}
+chapters:
+  baseline:
+    trials:
+      - name: fine
+      - name: too-long
+        engine.max_model_len: 131072
+      - name: passes-but-expected-to-fail
+        tags: {expect: error}
+""")
+    got = cli("sweep", str(path), "--dry-run")
+    assert got.returncode == 2
+    rows = table_rows(got.stdout)
+    assert rows == {("baseline", "fine"): "ok", ("baseline", "too-long"): "error",
+                    ("baseline", "passes-but-expected-to-fail"): "error"}
+    assert "pre-flight error" in got.stdout
+
+
+def test_skipped_trial_makes_machine_rules_moot():
+    t = xp.expand(xp.load(ROOT / "experiments/cpu-tiny.yaml"), ["block_size"])
+    block16 = next(x for x in t if x.name == "block-16")
+    v = preflight.check(block16, preflight.Machine(device="cpu"), "cpu")
+    assert v.label == "skip" and not v.errors and any("multiple of 32" in n for n in v.notes)
+    unmarked = block16.model_copy(update={"skip_reason": None})
+    assert preflight.check(unmarked, preflight.Machine(device="cpu"), "cpu").errors
+
+
+def test_plan_orders_chapters_and_places_outputs(tmp_path):
+    exp, execs = sweep.plan(ROOT / "experiments/cpu-tiny.yaml", str(tmp_path / "x.duckdb"), None,
+                            str(tmp_path / "runs"), {"num_requests": 3}, stamp="S")
+    stems = [e.notebook for e in execs]
+    assert stems == sorted(stems) and stems[0] == "00_environment" and stems[-1] == "99_report"
+    assert len(stems) == 12
+    for e in execs:
+        assert e.output_path == tmp_path / "runs" / "cpu-tiny" / "S" / f"{e.notebook}.ipynb"
+        if e.chapter:
+            assert e.parameters["notebook_path"] == str(e.output_path)
+            assert e.parameters["num_requests"] == 3
+    with pytest.raises(Qwen3LabError):
+        sweep.plan(ROOT / "experiments/cpu-tiny.yaml", "x.duckdb", ["no-such-chapter"])
+
+
+def test_parse_params():
+    assert sweep.parse_params(["num_requests=4", "retry_failed=true", "x=null", "s=a=b"]) == {
+        "num_requests": 4, "retry_failed": True, "x": None, "s": "a=b"}
+    with pytest.raises(Qwen3LabError):
+        sweep.parse_params(["oops"])
+
+
+def test_run_coroutine_inside_a_running_loop():
+    async def inner():
+        await asyncio.sleep(0.01)
+        return 7
+
+    async def outer():  # like a Jupyter kernel: a loop is already running in this thread
+        return runner.run_coroutine(inner())
+
+    assert asyncio.run(outer()) == 7
+    assert runner.run_coroutine(inner()) == 7
+
+
+# --- a real sweep, killed mid-way --------------------------------------------------------------------------
+MARK = f"qwen3lab-test-sweep-{os.getpid()}"  # in the environment of every process this test starts
+
+
+def vllm_servers() -> set[int]:
+    """vLLM processes started by this test (others' tests may run servers of their own at the same time)."""
+    out = set()
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any("vllm" in part for part in (p.info["cmdline"] or [])) and \
+                    p.environ().get("QWEN3LAB_TEST_MARK") == MARK:
+                out.add(p.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def wait_for(predicate, timeout: float, what: str, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the sweep ended (rc {proc.returncode}) before {what}")
+        time.sleep(1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def runs_of(db: Path):
+    if not db.exists():
+        return None
+    try:
+        return Store(db).runs(with_json=True)
+    except Exception:  # noqa: BLE001 - the sweep's kernel holds the file for a moment
+        return None
+
+
+def test_killed_sweep_resumes_without_duplicates_and_leaves_nothing_behind(tmp_path):
+    db, runs_dir, log = tmp_path / "sweep.duckdb", tmp_path / "runs", tmp_path / "sweep.log"
+    args = [sys.executable, "-m", "qwen3lab.cli", "sweep", "experiments/cpu-tiny.yaml", "--only", "scheduler",
+            "--db", str(db), "--runs-dir", str(runs_dir), "-p", "num_requests=3", "-p", "warmup_requests=0"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), QWEN3LAB_TEST_MARK=MARK)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args + ["-p", "max_trials=2"], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        def first_ok_second_running():
+            df = runs_of(db)
+            return df is not None and (df.status == "ok").sum() == 1 and (df.status == "running").sum() == 1
+
+        wait_for(first_ok_second_running, 600, "the second trial to start", proc)
+        time.sleep(8)  # its vLLM server is starting up
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    wait_for(lambda: not vllm_servers(), 60, "every vLLM server to stop")
+    df = runs_of(db)
+    assert sorted(df.status) == ["interrupted", "ok"], df[["trial", "status", "reason"]].to_string()
+    for argv in df.exec_argv_json.dropna():
+        port = int(json.loads(argv)[-1])
+        assert engine.port_is_free(port)
+    interrupted = df[df.status == "interrupted"].trial_key.iloc[0]
+    first = df[df.status == "ok"].trial_key.iloc[0]
+    saved = list((runs_dir / "cpu-tiny").glob("*/40_scheduler.ipynb"))
+    assert saved, "the interrupted notebook is still saved"
+
+    # Resume: the finished trial is not run again; the interrupted one is, once.
+    got = subprocess.run(args + ["-p", "max_trials=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    df = runs_of(db)
+    done = df[df.status.isin(["ok", "skipped"])]
+    assert not done.trial_key.duplicated().any(), done[["trial", "status"]].to_string()
+    assert (df.trial_key == first).sum() == 1
+    assert set(df[df.trial_key == interrupted].status) == {"interrupted", "ok"}
+    assert not vllm_servers()
+    # Every run produced by a notebook carries that notebook's path, and the file exists.
+    for path in df.notebook_path:
+        assert path and Path(path).is_file()
