@@ -7,7 +7,7 @@ DB ?= qwen3lab.duckdb
 # imports them when present: text models need them gone.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: install demo test bench dashboard clean
+.PHONY: install demo test bench dashboard sweep notebooks lab clean
 
 install: $(VENV)/.installed
 
@@ -16,14 +16,30 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[cpu,dev]'
 	-$(BIN)/pip uninstall -q -y $(BROKEN_BESIDE_CPU_TORCH)
+	# The kernel papermill and JupyterLab run the workbook notebooks in: this venv's python.
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (qwen3lab)"
+	# numactl for the NUMA chapter (Debian's package; without it those trials are stored as skipped).
+	-command -v numactl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq numactl; } >/dev/null 2>&1 \
+		|| echo "numactl not installed: the NUMA chapter's numactl trials will be skipped"
 	touch $@
 
 demo: install
-	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --db $(DB)
+	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --only baseline --only scheduler --db $(DB)
 	$(BIN)/qwen3lab runs --db $(DB)
 
 test: install
 	$(BIN)/python -m pytest
+
+# The whole workbook on the embedded default: every chapter's notebook executed, saved under runs/, runs in $(DB).
+sweep: install
+	$(BIN)/qwen3lab sweep experiments/cpu-tiny.yaml --db $(DB)
+
+# Regenerate notebooks/*.ipynb from tools/build_notebooks.py (they are committed without outputs).
+notebooks:
+	$(BIN)/python tools/build_notebooks.py
+
+lab: install
+	$(BIN)/jupyter lab notebooks/
 
 bench: install
 	$(BIN)/python bench/loadgen_vs_vllm_bench.py

@@ -171,6 +171,8 @@ class ChapterRun:
         for trial, verdict in zip(self.trials, self.verdicts):
             label = f"{trial.chapter}/{trial.name}"
             done = runner.previous_run(self.store, trial, retry_failed)
+            if done and done[1] == "skipped" and not verdict.skip:
+                done = None  # it could not run where it was judged before; it can here
             if done:
                 log(f"= {label}: {done[1]} earlier (run {done[0]}), not run again")
                 self.results.append(runner.TrialResult(trial, done[0], done[1], "already measured (resumed)"))
