@@ -15,7 +15,7 @@ from .models import ModelInfo, model_info
 from .spec import EngineConfig, Trial
 
 YARN_HINT = ('hf_overrides: {rope_parameters: {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768, '
-             'rope_theta: 1000000}} (older vLLM: --rope-scaling)')
+             'rope_theta: 1000000}, max_position_embeddings: 131072} (older vLLM: --rope-scaling)')
 AWQ_METHODS = {"awq", "awq_marlin"}
 FLASHINFER_BLOCKS = (16, 32, 64)
 # Flags that blog recipes pass but no current vLLM has (vLLM raises on unknown arguments).
@@ -98,6 +98,15 @@ def _engine_rules(cfg: EngineConfig, info: ModelInfo | None, where: str) -> list
             errors.append(SpecError(
                 "engine.max_model_len", cfg.max_model_len, f"at most {yarn} with this YaRN factor",
                 "raise rope_parameters.factor or lower max_model_len", where))
+        elif yarn is not None and cfg.max_model_len > (window := int((cfg.hf_overrides or {}).get(
+                "max_position_embeddings", info.max_position_embeddings))):
+            # vLLM 0.32 (config/model.py _get_and_verify_max_len): for YaRN, max_position_embeddings is taken as
+            # already scaled and the factor is not applied again, so the window stays 40960 unless it is raised.
+            errors.append(SpecError(
+                "engine.hf_overrides", cfg.hf_overrides,
+                f"max_position_embeddings >= max_model_len ({cfg.max_model_len}) beside the YaRN rope_parameters "
+                f"(vLLM 0.32 does not scale {window} by the factor for YaRN)",
+                f"add max_position_embeddings: {cfg.max_model_len} to hf_overrides", where))
     if info is not None and cfg.quantization in AWQ_METHODS and info.quant_method != "awq":
         errors.append(SpecError(
             "engine.quantization", cfg.quantization,

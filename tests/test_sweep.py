@@ -230,3 +230,17 @@ def test_killed_sweep_resumes_without_duplicates_and_leaves_nothing_behind(tmp_p
     # Every run produced by a notebook carries that notebook's path, and the file exists.
     for path in df.notebook_path:
         assert path and Path(path).is_file()
+
+
+def test_yarn_needs_max_position_embeddings_raised_on_vllm_032():
+    from qwen3lab.spec import EngineConfig, Trial, Workload
+
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1000000}
+
+    def verdict(overrides):
+        cfg = EngineConfig(model="Qwen/Qwen3-14B", max_model_len=131072, hf_overrides=overrides)
+        return preflight.check(Trial(experiment="x", name="t", engine=cfg, workload=Workload()))
+
+    assert verdict({"rope_parameters": rope, "max_position_embeddings": 131072}).ok
+    bad = verdict({"rope_parameters": rope})
+    assert bad.errors and "max_position_embeddings" in str(bad.errors[0])

@@ -242,11 +242,12 @@ ch.say(f"**This host has {len(nodes)} NUMA node(s).** " + ("The comparison canno
 ])
 
 LONG_CONTEXT = chapter_notebook("80", "long_context", "Long context with YaRN", '''
-Qwen3-14B's native window is 32768 tokens (max_position_embeddings 40960); 64k and 128k need YaRN
-(`--hf-overrides '{"rope_parameters": {"rope_type": "yarn", "factor": 2.0 or 4.0,
-"original_max_position_embeddings": 32768, ...}}'`). Without it vLLM refuses a longer max_model_len, which is
-what the A100 recipe's bare `--max-model-len 131072` does. Here: throughput and TTFT for long documents, and the
-KV memory each window costs.''', [
+Qwen3-14B's native window is 32768 tokens (max_position_embeddings 40960); 64k and 128k need YaRN:
+`--hf-overrides '{"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings":
+32768, "rope_theta": 1000000}, "max_position_embeddings": 131072}'` (factor 2.0 and 65536 for 64k). vLLM 0.32
+takes a YaRN model's max_position_embeddings as already scaled, so it must be raised beside rope_parameters.
+Without YaRN vLLM refuses a longer max_model_len, which is what the A100 recipe's bare `--max-model-len 131072`
+does. Here: throughput and TTFT for long documents, and the KV memory each window costs.''', [
     code('''\
 memory = workbook.long_context_memory(ch.runs(with_json=True))
 memory'''),
