@@ -56,3 +56,12 @@ def test_every_chapter_has_a_notebook(path):
 def test_experiments_cover_the_whole_workbook(path):
     chapters = set(xp.load(path).all_chapters())
     assert {c for c in workbook.NOTEBOOKS.values() if c} <= chapters
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_code_cell_parses(path):
+    import ast
+
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type == "code":
+            ast.parse(cell.source, filename=f"{path.name} cell {i}")

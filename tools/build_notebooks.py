@@ -270,9 +270,9 @@ thinking'''),
     code('plots.request_box_figure(ch.requests(), ch.labels, "e2el", "E2EL per request", "ms")'),
     code(CDF.format(metric="ttft")),
     code('''\
-ch.say("Dummy weights with ignore_eos: every request generates exactly its max_tokens, so output length cannot "
-       "differ here; the prompt differs by the template's empty think block when thinking is off.")
-if all(thinking.get("ignore_eos", [True])) else None'''),
+(ch.say("Dummy weights with ignore_eos: every request generates exactly its max_tokens, so output length cannot "
+        "differ here; the prompt differs by the template's empty think block when thinking is off.")
+ if all(thinking.get("ignore_eos", [True])) else None)'''),
     code(EFFECTS),
 ])
 
@@ -296,8 +296,8 @@ plots.timeseries_figure(ch.samples(), ch.labels, {"vllm:kv_cache_usage_perc": "K
                                                    "vllm:num_requests_running": "running requests",
                                                    **plots.GPU_SERIES})'''),
     code('''\
-ch.say("No GPU here: memory over time cannot be shown (no NVML samples); vLLM's KV cache usage is shown instead.")
-if ch.machine.device == "cpu" else None'''),
+(ch.say("No GPU here: memory over time cannot be shown (no NVML samples); vLLM's KV cache usage is shown instead.")
+ if ch.machine.device == "cpu" else None)'''),
 ], params_extra='''
 duration_s = None  # soak length in seconds (None: the experiment's; the recipes claim 72 h = 259200)
 window_s = 10.0  # width of the latency windows''', setup_extra=", duration_s=duration_s")
