@@ -12,7 +12,6 @@ its vLLM server is stopped before the kernel shuts down; the sweep then stops an
 """
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -158,21 +157,21 @@ def _kernel_manager_class():
     return PatientKernelManager
 
 
-class _ConsoleHandler(logging.Handler):
-    """papermill's log of the kernel's output, printed above the progress bar."""
+class _ConsoleWriter:
+    """The kernel's stdout (the workbook's per-trial lines), printed above the progress bar, prefixed."""
 
     def __init__(self, console, prefix: str):
-        super().__init__(logging.INFO)
-        self.console, self.prefix = console, prefix
+        self.console, self.prefix, self.buffer = console, prefix, ""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage().rstrip()
-        if not msg or msg.startswith(("Executing Cell", "Ending Cell", "Executing notebook", "Input Notebook",
-                                      "Output Notebook", "Kernel", "Black", "Executing:")):
-            return
-        for line in msg.splitlines():
+    def write(self, text: str) -> None:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
             if line.strip():
-                self.console.print(f"[dim]{self.prefix}[/] {line}", markup=True, highlight=False)
+                self.console.print(f"[dim]{self.prefix}[/] {line}", markup=True, highlight=False, soft_wrap=True)
+
+    def flush(self) -> None:
+        pass
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -210,23 +209,19 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *([env_path] if env_path else [])])
     result = SweepResult(exp.name, execs)
-    logger = logging.getLogger("papermill")
-    previous_level = logger.level
-    logger.setLevel(logging.INFO)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as bar:
             overall = bar.add_task(f"[bold]sweep {exp.name}", total=len(execs))
             for ex in execs:
-                handler = _ConsoleHandler(bar.console, ex.notebook)
-                logger.addHandler(handler)
+                writer = _ConsoleWriter(bar.console, ex.notebook)
                 bar.update(overall, description=f"[bold]sweep {exp.name}[/]: {ex.notebook}")
                 ex.output_path.parent.mkdir(parents=True, exist_ok=True)
                 t0 = time.monotonic()
                 signal.signal(signal.SIGTERM, _raise_interrupt)
                 try:
                     pm.execute_notebook(str(ex.input_path), str(ex.output_path), parameters=ex.parameters,
-                                        kernel_name=kernel_name, cwd=str(PACKAGE_ROOT), log_output=True,
+                                        kernel_name=kernel_name, cwd=str(PACKAGE_ROOT), stdout_file=writer,
                                         progress_bar=False, request_save_on_cell_execute=True,
                                         execution_timeout=execution_timeout,
                                         kernel_manager_class=_kernel_manager_class())
@@ -239,7 +234,6 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
                         ex.status = "failed"
                 finally:
                     ex.seconds = time.monotonic() - t0
-                    logger.removeHandler(handler)
                     signal.signal(signal.SIGTERM, _raise_interrupt)
                 colour = {"ok": "green", "interrupted": "yellow"}.get(ex.status, "red")
                 bar.console.print(f"[{colour}]{ex.status:>11}[/] {ex.notebook} ({ex.seconds:.0f} s) -> "
@@ -253,7 +247,6 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
         result.stopped = True
         console.print("[yellow]sweep stopped; run the same command again to resume[/]")
     finally:
-        logger.setLevel(previous_level)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ["PYTHONPATH"] = env_path
         if not env_path:
