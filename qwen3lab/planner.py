@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .hardware import GiB, GpuSpec, get_gpu, match_gpu
@@ -204,6 +204,9 @@ def _gib(n: float) -> str:
 
 
 def _get(cfg: Any, name: str):
+    """A field of an EngineConfig, of anything with its attribute names, or of its dict (a stored config)."""
+    if isinstance(cfg, dict):
+        return cfg.get(name)
     return None if cfg is None else getattr(cfg, name, None)
 
 
@@ -213,8 +216,25 @@ def _cpu_kv_bytes(cfg: Any, env: dict | None) -> tuple[int | None, str]:
     if value is None:
         value = (env if env is not None else os.environ).get("VLLM_CPU_KVCACHE_SPACE")
     if value in (None, ""):
-        return None, "VLLM_CPU_KVCACHE_SPACE unset: vLLM sizes the KV cache from free RAM (not predicted)"
-    return int(value) * GiB, f"VLLM_CPU_KVCACHE_SPACE={int(value)} GiB (exact)"
+        return None, ("VLLM_CPU_KVCACHE_SPACE unset: vLLM gives the KV cache the NUMA node's memory x "
+                      "gpu_memory_utilization minus what the worker already holds (not predicted)")
+    try:
+        gib = int(value)
+    except ValueError:
+        from .errors import SpecError
+
+        raise SpecError("engine.env.VLLM_CPU_KVCACHE_SPACE", value, "a whole number of GiB (vLLM reads it with int())",
+                        'write e.g. VLLM_CPU_KVCACHE_SPACE: "4"') from None
+    return gib * GiB, f"VLLM_CPU_KVCACHE_SPACE={gib} GiB (exact)"
+
+
+_DTYPES = {"half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+
+
+def with_engine_dtype(info: ModelInfo, cfg: Any) -> ModelInfo:
+    """The model as the engine runs it: `--dtype` (when set) replaces the checkpoint's torch_dtype."""
+    dtype = _DTYPES.get(_get(cfg, "dtype") or "auto")
+    return info if dtype is None or dtype == info.torch_dtype else replace(info, torch_dtype=dtype)
 
 
 def plan_memory(cfg: Any, info: ModelInfo, gpu: str | GpuSpec = "a100-80g", env: dict | None = None,
@@ -224,6 +244,7 @@ def plan_memory(cfg: Any, info: ModelInfo, gpu: str | GpuSpec = "a100-80g", env:
     (e.g. what this machine's CUDA reports)."""
     on_cpu = gpu == "cpu"
     spec = None if on_cpu else (gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu))
+    info = with_engine_dtype(info, cfg)
     quantization = _get(cfg, "quantization")
     kv_dtype = _get(cfg, "kv_cache_dtype") or "auto"
     weights = weight_bytes(info, quantization)
@@ -473,6 +494,7 @@ def _mean_lengths(workload: Any) -> tuple[float, float] | None:
 def plan_trial(cfg: Any, info: ModelInfo, gpu_id: str, workload: Any = None, env: dict | None = None) -> dict:
     """Pre-flight's plan of one trial: memory fit and KV capacity (always), decode and prefill ceilings at the
     workload's batch and lengths (on a GPU). Keys: kv_capacity_tokens, does_not_fit, summary, memory, ..."""
+    info = with_engine_dtype(info, cfg)
     plan = plan_memory(cfg, info, gpu_id, env=env)
     out: dict[str, Any] = {"device": plan.device, "kv_capacity_tokens": plan.kv_capacity_tokens,
                            "does_not_fit": plan.does_not_fit, "memory": plan.to_dict()}
@@ -566,6 +588,7 @@ def run_ceiling(run: dict, samples: Any = None, profile: dict | None = None) -> 
     done = summary.get("completed") or 0
     if info is None or not done:
         return {"available": False, "why": "model architecture unknown here" if info is None else "no completed requests"}
+    info = with_engine_dtype(info, config)
     prompt = summary["total_input_tokens"] / done
     output = summary["total_output_tokens"] / done
     batch, batch_source = None, "workload concurrency"

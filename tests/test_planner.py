@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen3lab import planner, preflight
+from qwen3lab.errors import SpecError
 from qwen3lab.hardware import GiB, get_gpu
 from qwen3lab.models import ModelInfo, model_info
 from qwen3lab.spec import EngineConfig, Trial, Workload
@@ -105,6 +106,13 @@ def test_cpu_engine_reads_the_callers_env_and_says_when_it_cannot_predict(monkey
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
     plan = planner.plan_memory(EngineConfig(max_model_len=2048), TINY, "cpu")
     assert "not predicted" in plan.basis["kv"] and "estimated" in plan.basis["kv"]
+
+
+def test_engine_dtype_and_bad_env_values():
+    fp32 = planner.plan_memory(EngineConfig(model="builtin:qwen3-14b", dtype="float32"), QWEN, "h200")
+    assert fp32.weights.total == 2 * planner.weight_bytes(QWEN).total and fp32.kv_bytes_per_token == 320 * KiB
+    with pytest.raises(SpecError, match="whole number of GiB"):
+        planner.plan_memory(EngineConfig(env={"VLLM_CPU_KVCACHE_SPACE": "1.5"}), TINY, "cpu")
 
 
 def test_gpu_plan_follows_vllms_block_arithmetic():
