@@ -23,6 +23,8 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "numactl not installed: the NUMA chapter's numactl trials will be skipped"
 	touch $@
 
+# The demo runs the two chapters of the default experiment that matter on a CPU (about 8 minutes);
+# `qwen3lab sweep experiments/cpu-tiny.yaml` runs the whole workbook.
 demo: install
 	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --only baseline --only scheduler --db $(DB)
 	$(BIN)/qwen3lab runs --db $(DB)

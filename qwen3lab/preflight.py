@@ -172,6 +172,21 @@ def _machine_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, 
     return errors, skip, notes
 
 
+def plan_target(gpu_id: str | None, machine: Machine | None) -> str | None:
+    """Where the planner judges memory: the experiment's `gpu:`, else the local machine (its GPU when the
+    catalogue knows it, or the CPU engine); None when neither is known."""
+    if gpu_id:
+        return gpu_id
+    if machine is None:
+        return None
+    if machine.device == "cpu":
+        return "cpu"
+    from .hardware import match_gpu
+
+    spec = match_gpu(machine.gpu_name or "")
+    return spec.id if spec else None
+
+
 def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = None) -> Verdict:
     """All rules for one trial; `machine` is where it will run (None: judge the rules alone)."""
     verdict = Verdict(trial)
@@ -194,19 +209,17 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
         verdict.errors += errors
         verdict.skip = verdict.skip or skip
         verdict.notes += notes
-    if info is not None and gpu_id and gpu_id != "cpu":
-        try:
-            from . import planner
+    target = plan_target(gpu_id, machine)
+    if info is not None and target:
+        from . import planner
 
-            verdict.plan = planner.plan_trial(cfg, info, gpu_id, trial.workload)
-            if problem := verdict.plan.get("does_not_fit"):
-                error = SpecError("engine", cfg.model, "a configuration that fits in GPU memory", problem, where)
-                if trial.skip_reason:  # already known not to run there (e.g. BF16 on a 24 GiB card)
-                    verdict.notes.append(f"moot here (trial is skipped): {error}")
-                else:
-                    verdict.errors.append(error)
-        except (ImportError, AttributeError):
-            pass  # planner not available yet: memory fit is not checked
+        verdict.plan = planner.plan_trial(cfg, info, target, trial.workload)
+        if problem := verdict.plan.get("does_not_fit"):
+            error = SpecError("engine", cfg.model, "a configuration that fits in memory", problem, where)
+            if verdict.skip:  # already known not to run there (e.g. BF16 on a 24 GiB card)
+                verdict.notes.append(f"moot here (trial is skipped): {error}")
+            else:
+                verdict.errors.append(error)
     return _expectation(verdict, where)
 
 
@@ -226,7 +239,6 @@ def _expectation(verdict: Verdict, where: str) -> Verdict:
         verdict.errors.append(SpecError(
             "tags.expect", "error", "a trial that pre-flight rejects (this one passed)",
             "the rule this trial demonstrates is missing or changed: fix the rule or drop `expect: error`", where))
-    return verdict
 
 
 def check_all(trials: list[Trial], machine: Machine | None = None, gpu_id: str | None = None) -> list[Verdict]:
