@@ -239,6 +239,7 @@ def _expectation(verdict: Verdict, where: str) -> Verdict:
         verdict.errors.append(SpecError(
             "tags.expect", "error", "a trial that pre-flight rejects (this one passed)",
             "the rule this trial demonstrates is missing or changed: fix the rule or drop `expect: error`", where))
+    return verdict
 
 
 def check_all(trials: list[Trial], machine: Machine | None = None, gpu_id: str | None = None) -> list[Verdict]:

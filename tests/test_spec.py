@@ -140,8 +140,11 @@ def test_max_model_len_above_native_needs_yarn():
     (e,) = _verdict(model="builtin:qwen3-14b", max_model_len=131072).errors
     assert e.field == "engine.max_model_len" and e.value == 131072
     assert "40960" in e.allowed and "yarn" in e.fix
-    yarn = {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
-                                "rope_theta": 1000000}}
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1000000}
+    # vLLM 0.32 takes a YaRN model's max_position_embeddings as already scaled: it must be raised too.
+    (e,) = _verdict(model="builtin:qwen3-14b", max_model_len=131072, hf_overrides={"rope_parameters": rope}).errors
+    assert "max_position_embeddings" in e.fix
+    yarn = {"rope_parameters": rope, "max_position_embeddings": 131072}
     assert _verdict(model="builtin:qwen3-14b", max_model_len=131072, hf_overrides=yarn).errors == []
     (e,) = _verdict(model="builtin:qwen3-14b", max_model_len=262144, hf_overrides=yarn).errors
     assert "131072" in e.allowed
