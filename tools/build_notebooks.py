@@ -165,8 +165,9 @@ TRITON_ATTN. FP8 weights on an A100 run weight-only (W8A16, Marlin); an RTX 4090
     code(CDF.format(metric="tpot")),
     code(EFFECTS),
     code('''\
-ch.say("On vLLM's CPU build only the KV cache dtype can be measured: FP8 and AWQ weight kernels need a GPU, "
-       "so those trials are stored as skipped with the reason.") if ch.machine.device == "cpu" else None'''),
+ch.say("On vLLM's CPU build only the KV cache dtype can be measured (FP8 KV needs a CPU with AVX-512 or AMX): "
+       "FP8 and AWQ weight kernels need a GPU, so those trials are stored as skipped with the reason.") \
+    if ch.machine.device == "cpu" else None'''),
 ])
 
 BLOCK_SIZE = chapter_notebook("30", "block_size", "KV block size", '''
