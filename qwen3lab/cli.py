@@ -93,5 +93,41 @@ def schema(section: str = typer.Argument("engine", help="engine, endpoint, workl
         _fail(exc)
 
 
+@app.command()
+def dashboard(
+    db: str = DB,
+    port: int = typer.Option(8501, "--port", help="Port of the dashboard."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
+):
+    """Open the dashboard: compare runs, pick the winner under SLOs, export its launch command."""
+    from .dashboard_launch import run_dashboard
+
+    try:
+        raise typer.Exit(run_dashboard(db, host=host, port=port))
+    except Qwen3LabError as exc:
+        _fail(exc)
+
+
+@app.command("import")
+def import_(
+    files: list[Path] = typer.Argument(..., help="vllm bench serve --save-result JSON or GuideLLM benchmark JSON."),
+    db: str = DB,
+    experiment: str = typer.Option("imported", help="Experiment name the imported runs are filed under."),
+):
+    """Import results of `vllm bench serve` and GuideLLM, to compare them beside qwen3lab's own runs."""
+    from .importers import import_files
+    from .store import Store
+
+    try:
+        ids = import_files(Store(db), files, experiment=experiment)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    console.print(f"{len(ids)} run(s) in {db}: " + ", ".join(ids))
+
+
 def main() -> None:  # pragma: no cover
     app()
+
+
+if __name__ == "__main__":  # python -m qwen3lab.cli
+    main()
