@@ -16,7 +16,7 @@ import streamlit as st  # noqa: E402
 
 from dashboard import ui  # noqa: E402
 
-st.set_page_config(page_title="qwen3lab", page_icon="🧪", layout="wide")
+st.set_page_config(page_title="qwen3lab", page_icon=":material/science:", layout="wide")
 HERE = Path(__file__).parent
 pages = [
     st.Page(HERE / "views/runs.py", title="Runs", icon=":material/table_rows:", url_path="runs"),

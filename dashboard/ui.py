@@ -21,6 +21,7 @@ from qwen3lab.store import DEFAULT_DB, Store
 DB_ENV = "QWEN3LAB_DB"
 TTL_S = 5  # new runs of a sweep appear within this long, or at once with Refresh
 FINISHED = ("ok",)
+ALL = "(all experiments)"  # compare across experiments, e.g. an imported vllm bench run beside qwen3lab's own
 
 
 # --- the database --------------------------------------------------------------------------------------
@@ -129,18 +130,28 @@ def selection_sidebar(df: pd.DataFrame) -> list[str]:
     exps = [e for e in df.experiment.dropna().unique()]
     if not exps:
         return []
+    exps.append(ALL)
+    if pending := st.session_state.pop("pending_selection", None):  # set by a page before its widgets exist
+        st.session_state.experiment, st.session_state.run_ids = pending
     if st.session_state.get("experiment") not in exps:
         st.session_state.experiment = default_experiment(df) or exps[0]
         st.session_state.pop("run_ids", None)
     exp = st.sidebar.selectbox("Experiment", exps, key="experiment", on_change=lambda: st.session_state.pop("run_ids", None))
-    mine = df[df.experiment == exp]
+    mine = df if exp == ALL else df[df.experiment == exp]
     choices = mine[mine.status.isin(FINISHED)]
-    labels = {r.run_id: f"{r.label} · {r.run_id[-6:]}" for r in choices.itertuples()}
+    labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
+              for r in choices.itertuples()}
     if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):
-        st.session_state.run_ids = list(newest_per_trial(mine).run_id)
+        st.session_state.run_ids = list(newest_per_trial(mine).run_id) if exp != ALL else []
     picked = st.sidebar.multiselect("Runs to compare", list(labels), key="run_ids", format_func=labels.get,
                                     help="The newest finished run of each trial is picked; add repeats by hand")
     return picked
+
+
+def compare_runs(experiment: str, run_ids: list[str]) -> None:
+    """Make these the runs to compare (from a page, after the sidebar widgets were drawn) and go to Compare."""
+    st.session_state.pending_selection = (experiment, list(run_ids))
+    st.switch_page("views/compare.py")
 
 
 def slo_from_state(df: pd.DataFrame, run_ids: list[str]) -> SLO:
@@ -203,7 +214,7 @@ def winner_card(w: compare.Winner, slo: SLO) -> None:
             st.caption(f"SLOs: {slo_text(slo)}")
             return
         top = w.ranking.iloc[0]
-        st.markdown(f"### 🏆 Winner: `{w.winner.label}`")
+        st.markdown(f"### :material/trophy: Winner: `{w.winner.label}`")
         c1, c2, c3, c4 = st.columns(4)
         c1.metric("Goodput", num(top.goodput, "{:.2f}", "req/s"), help="requests/s meeting every SLO")
         c2.metric("Output throughput", num(top.output_throughput, "{:,.0f}", "tok/s"))
@@ -213,7 +224,8 @@ def winner_card(w: compare.Winner, slo: SLO) -> None:
             st.markdown(f"**Margin over `{w.runner_up.label}`:** {margin_text(w)} goodput")
         (st.info if w.within_noise else st.success)(verdict_text(w))
         st.caption(f"SLOs: {slo_text(slo)} · run {w.winner.run_id} · recomputed from {len(w.winner.table)} "
-                   "stored requests, no re-run")
+                   "stored requests, no re-run. The interval is the noise within each run; how much a fresh "
+                   "launch of the same configuration moves shows only in repeats of a trial.")
 
 
 def ranking_table(ranking: pd.DataFrame) -> None:

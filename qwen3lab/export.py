@@ -29,6 +29,7 @@ CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 HOST_HF_CACHE = "${HOME}/.cache/huggingface"  # expanded by the shell or by compose, on purpose
 K8S_HF_CACHE = "/var/lib/huggingface"  # a node folder: every pod on that node shares the downloads
 FORMATS = ("shell", "docker", "compose", "kubernetes")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ExportError(Qwen3LabError):
@@ -76,8 +77,16 @@ def shell_launch(config: EngineConfig, build: Build, host: str = "127.0.0.1", po
 
 
 def shell_command(launch: Launch) -> str:
-    """One line; `shlex.split` of it gives back `launch.tokens()` whatever the values hold."""
-    return " ".join(shlex.quote(t) for t in launch.tokens())
+    """One line; `shlex.split` of it gives back `launch.tokens()` whatever the values hold.
+
+    Only the value of an assignment is quoted: a quoted `'K=V'` would be a command name to bash, not a variable.
+    """
+    for key in launch.env:
+        if not _ENV_NAME.fullmatch(key):
+            raise ExportError(f"environment variable name {key!r} cannot be set from a shell. Fix: use letters, "
+                              "digits and _ (not starting with a digit) in engine.env")
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items())]
+    return " ".join(env + [shlex.quote(a) for a in launch.argv])
 
 
 # --- containers ----------------------------------------------------------------------------------------
@@ -141,7 +150,7 @@ def docker_run(c: Container, config: EngineConfig, port: int = 8000, name: str =
         extra += ["-v", f"{host_path}:{inside}:ro"]
     extra += ["-e", "HF_TOKEN"]  # passed through from the calling shell when set
     for k, v in sorted(c.env.items()):
-        extra += ["-e", f"{k}={v}"]
+        extra += ["-e", f"{k}={v}"]  # one argument to docker: quoting all of it is right here
     if config.numa_node is not None:
         extra.append(f"--cpuset-mems={config.numa_node}")
         if cpus := _numa_cpus(config.numa_node):

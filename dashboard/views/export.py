@@ -29,7 +29,7 @@ except Qwen3LabError as exc:
     st.error(str(exc))
     st.stop()
 for note in ex.notes:
-    st.caption("ℹ️ " + note)
+    st.caption(":material/info: " + note)
 
 shell, docker, compose, k8s = st.tabs(["Shell", "docker run", "Compose", "Kubernetes"])
 for tab, fmt, lang, what in (

@@ -18,14 +18,15 @@ for col, (name, title) in zip(cols, FILTERS):
         view = view[view[name].fillna("–").astype(str).isin(chosen)]
 
 view = view.copy()
-view["log"] = [f"file?{urlencode({'run': r, 'what': 'log'})}" if p else None for r, p in zip(view.run_id, view.log_path)]
-view["notebook"] = [f"file?{urlencode({'run': r, 'what': 'notebook'})}" if p else None
-                    for r, p in zip(view.run_id, view.notebook_path)]
+view["log"] = [f"file?{urlencode({'run': r, 'what': 'log'})}" if isinstance(p, str) and p else None
+               for r, p in zip(view.run_id, view.log_path)]
+view["notebook"] = [f"file?{urlencode({'run': r, 'what': 'notebook'})}"
+                    if isinstance(p, str) and p else None for r, p in zip(view.run_id, view.notebook_path)]
 done = (view.status == "ok").sum()
 st.caption(f"{len(view)} of {len(df)} runs · {done} finished · newest first. Latencies in ms, per measured "
            "request (warmup excluded).")
 COLUMNS = {
-    "label": st.column_config.TextColumn("trial", pinned=True), "status": "status",
+    "label": "trial", "status": "status",
     "output_throughput": st.column_config.NumberColumn("output", format="%.0f tok/s"),
     "request_throughput": st.column_config.NumberColumn("requests", format="%.2f req/s"),
     "request_goodput": st.column_config.NumberColumn("goodput", format="%.2f req/s", help="under the experiment's SLOs"),
@@ -48,16 +49,13 @@ if chosen:
     ok = [r for r in chosen if (df.set_index("run_id").status.get(r) == "ok")]
     if len(ok) >= 2 and st.button(f"Compare these {len(ok)} runs", type="primary", icon=":material/compare_arrows:"):
         exps = df.set_index("run_id").experiment.loc[ok].dropna().unique()
-        if len(exps) == 1:
-            st.session_state.experiment = exps[0]
-        st.session_state.run_ids = ok
-        st.switch_page("views/compare.py")
+        ui.compare_runs(exps[0] if len(exps) == 1 else ui.ALL, ok)
 
 unfinished = view[view.status != "ok"]
 if not unfinished.empty:
     st.subheader(f"Did not finish ({len(unfinished)})")
     for r in unfinished.itertuples():
-        icon = {"skipped": "⏭️", "running": "⏳"}.get(r.status, "❌")
+        icon = {"skipped": ":material/skip_next:", "running": ":material/hourglass_top:"}.get(r.status, ":material/error:")
         st.markdown(f"{icon} **{r.label}** · `{r.status}` · {r.run_id}  \n{r.reason or 'no reason recorded'}")
 
 st.subheader("One run in detail")

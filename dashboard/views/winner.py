@@ -12,7 +12,7 @@ if not ids:
     st.stop()
 slo = ui.slo_from_state(df, ids)
 
-with st.form("slo"):
+with st.form("slo_form"):
     st.markdown("**Service-level objectives** (leave a box empty for no limit)")
     c1, c2, c3 = st.columns(3)
     ttft = c1.number_input("P95 TTFT at most (ms)", min_value=0.0, value=slo.ttft_p95_ms, step=50.0, format="%.0f", key="slo_ttft")
