@@ -26,25 +26,43 @@ missing = sorted(set(ids) - set(w.ranking.run_id if not w.ranking.empty else [])
 if missing:
     st.caption("Not ranked (no stored per-request rows): " + ", ".join(labels.get(i, i) for i in missing))
 
-reqs = ui.requests(ui.db_path(), tuple(ids))
-cdf, classes, server, gpu = st.tabs(["Latency CDFs", "By request class", "Server metrics", "GPU"])
-with cdf:
-    cols = st.columns(3)
-    for col, metric in zip(cols, ("ttft", "tpot", "e2el")):
+
+
+def latency_cdfs():
+    reqs = ui.requests(ui.db_path(), tuple(ids))
+    for col, metric in zip(st.columns(3), ("ttft", "tpot", "e2el")):
         fig = ui.legend_below(plots.cdf_figure(reqs, metric, labels), height=460)
         col.plotly_chart(fig, width="stretch", key=f"cdf-{metric}")
     st.caption("Each line is one run's measured requests (warmup excluded); further left is faster. "
                "TPOT = (E2EL − TTFT) / (output tokens − 1), as vllm bench serve defines it.")
-with classes:
+
+
+def request_classes():
+    reqs = ui.requests(ui.db_path(), tuple(ids))
     metric = st.segmented_control("Latency", ["ttft", "tpot", "e2el"], default="ttft", key="class_metric",
                                   format_func=plots.LATENCY_LABELS.get)
     st.plotly_chart(plots.class_figure(reqs, labels, metric or "ttft"), width="stretch", key="classes")
     if not reqs.empty and reqs.request_class.nunique() == 1:
         st.caption(f"This workload has one request class ({reqs.request_class.iloc[0]}); a mix such as "
                    "`recipe-mix` (chat / summary / long_document) shows one box per class.")
-samp = ui.samples(ui.db_path(), tuple(ids))
-with server:
+
+
+def server_metrics():
+    samp = ui.samples(ui.db_path(), tuple(ids))
     st.plotly_chart(plots.timeseries_figure(samp, labels, plots.SERVER_SERIES), width="stretch", key="server")
     st.caption("Scraped from each server's /metrics during the load; t = 0 is the first measured request.")
-with gpu:
+
+
+def gpu_samples():
+    samp = ui.samples(ui.db_path(), tuple(ids))
     st.plotly_chart(plots.timeseries_figure(samp, labels, plots.GPU_SERIES), width="stretch", key="gpu")
+    st.caption("NVML samples of the GPU the server ran on (none on a machine without an NVIDIA GPU).")
+
+
+# Only the open tab is drawn and only its rows are read: the page stays fast on a big store.
+SECTIONS = {"Latency CDFs": latency_cdfs, "By request class": request_classes, "Server metrics": server_metrics,
+            "GPU": gpu_samples}
+for tab, draw in zip(st.tabs(list(SECTIONS), key="compare_tab", on_change="rerun"), SECTIONS.values()):
+    if tab.open:
+        with tab:
+            draw()
