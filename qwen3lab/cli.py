@@ -108,6 +108,43 @@ def dashboard(
         _fail(exc)
 
 
+@app.command()
+def plan(
+    gpu: str = typer.Option(..., "--gpu", help="Catalogue GPU: a100-80g, a100-40g, rtx4090, l40s, h100-sxm, h100-pcie, h200, ..."),
+    model: str = typer.Option("qwen3-14b", "--model", help="qwen3-14b (its BF16, FP8 and AWQ checkpoints), a builtin:NAME or a folder."),
+    context: int = typer.Option(2048, help="Tokens of context per sequence for the decode ceilings."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """Before launching: what fits on a GPU (quantization x KV dtype x max_model_len), KV capacity, ceilings."""
+    from . import hardware_report, planner
+
+    try:
+        rows = planner.plan_table(gpu, model, context=context)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    else:
+        console.print(hardware_report.plan_table(rows))
+
+
+@app.command()
+def calibrate(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    context: int = typer.Option(1024, help="Cached tokens per sequence in the decode step."),
+    batch_sizes: str = typer.Option("1,2,4,8,16,32,64,128,256,512", help="Comma-separated decode batch sizes."),
+    out: Optional[Path] = typer.Option(None, help="Where to write the profile (default: this machine's profile folder)."),
+):
+    """Measure this GPU (copy bandwidth, BF16 matrix rate, a Qwen3-14B decode step) against the roofline."""
+    from . import calibrate as cal
+
+    args = ["--context", str(context), "--batch-sizes", batch_sizes] + (["--json"] if as_json else [])
+    try:
+        raise typer.Exit(cal.main(args + (["--out", str(out)] if out else [])))
+    except Qwen3LabError as exc:
+        _fail(exc)
+
+
 @app.command("import")
 def import_(
     files: list[Path] = typer.Argument(..., help="vllm bench serve --save-result JSON or GuideLLM benchmark JSON."),
@@ -123,6 +160,18 @@ def import_(
     except Qwen3LabError as exc:
         _fail(exc)
     console.print(f"{len(ids)} run(s) in {db}: " + ", ".join(ids))
+
+
+@app.command()
+def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
+    """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
+    from . import hardware, hardware_report
+
+    found = hardware.probe()
+    if as_json:
+        sys.stdout.write(json.dumps(found, indent=2) + "\n")
+    else:
+        console.print(hardware_report.probe_table(found))
 
 
 def main() -> None:  # pragma: no cover

@@ -132,13 +132,17 @@ async def run_load(
     hdrs = {"Content-Type": "application/json", **(headers or {})}
     records: list[RequestRecord] = []
 
-    async def limited(session, req: Request, rec: RequestRecord, t0: float):
+    async def limited(session, req: Request, rec: RequestRecord, t0: float, held: bool = False):
         body = json.dumps(_payload(api, model, req, workload)).encode()
-        if sem is None:
-            await _one(session, url, body, rec, t0, timeout)
-        else:
-            async with sem:
+        try:
+            if sem is None or held:
                 await _one(session, url, body, rec, t0, timeout)
+            else:  # scheduled arrival: wait here for a slot, as vllm bench's max_concurrency does
+                async with sem:
+                    await _one(session, url, body, rec, t0, timeout)
+        finally:
+            if held:
+                sem.release()
         if on_done:
             on_done(rec)
 
@@ -157,15 +161,12 @@ async def run_load(
         deadline = workload.duration_s
         cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
         tasks = []
+        # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
+        # queued past a deadline and sending stops at once when the server is gone.
+        closed = offsets is None and sem is not None
         try:
             i = 0
-            while True:
-                if deadline is None and i >= len(measured):
-                    break
-                if deadline is not None and time.perf_counter() - t0 >= deadline:
-                    break
-                if should_stop is not None and should_stop():
-                    break  # the server is gone: stop sending, keep what finished
+            while deadline is not None or i < len(measured):
                 req = measured[i % len(measured)]
                 if offsets is not None:
                     # Soak runs cycle the mix; their arrival times keep the same average gap.
@@ -174,15 +175,17 @@ async def run_load(
                     delay = target - (time.perf_counter() - t0)
                     if delay > 0:
                         await asyncio.sleep(delay)
-                elif deadline is not None and sem is not None:
-                    # Time-bounded load: wait for a free slot so no backlog is queued past the deadline.
+                elif closed:
                     await sem.acquire()
-                    sem.release()
+                if (deadline is not None and time.perf_counter() - t0 >= deadline) or (should_stop and should_stop()):
+                    if closed:
+                        sem.release()
+                    break  # time is up, or the server is gone: stop sending, keep what finished
                 rec = record_for(req, False)
                 if deadline is not None:
                     rec.index = n_warm + i
                 records.append(rec)
-                tasks.append(asyncio.create_task(limited(session, req, rec, t0)))
+                tasks.append(asyncio.create_task(limited(session, req, rec, t0, held=closed)))
                 i += 1
             await asyncio.gather(*tasks)
         finally:

@@ -123,12 +123,17 @@ class ModelInfo:
         )
 
     @property
+    def has_qk_norm(self) -> bool:
+        """Qwen3 normalizes each query and key head (q_norm, k_norm); Llama and Qwen2 do not."""
+        return self.architecture.startswith("Qwen3")
+
+    @property
     def num_parameters(self) -> int:
         h, layers, inter = self.hidden_size, self.num_layers, self.intermediate_size
         q = h * self.num_heads * self.head_dim
         kv = 2 * h * self.num_kv_heads * self.head_dim
         o = self.num_heads * self.head_dim * h
-        norms = 2 * h + 2 * self.head_dim  # input/post norms, q_norm/k_norm (Qwen3)
+        norms = 2 * h + (2 * self.head_dim if self.has_qk_norm else 0)  # input/post norms, q_norm/k_norm
         per_layer = q + kv + o + 3 * h * inter + norms
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h

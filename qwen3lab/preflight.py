@@ -152,6 +152,21 @@ def _machine_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, 
     return errors, skip, notes
 
 
+def plan_target(gpu_id: str | None, machine: Machine | None) -> str | None:
+    """Where the planner judges memory: the experiment's `gpu:`, else the local machine (its GPU when the
+    catalogue knows it, or the CPU engine); None when neither is known."""
+    if gpu_id:
+        return gpu_id
+    if machine is None:
+        return None
+    if machine.device == "cpu":
+        return "cpu"
+    from .hardware import match_gpu
+
+    spec = match_gpu(machine.gpu_name or "")
+    return spec.id if spec else None
+
+
 def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = None) -> Verdict:
     """All rules for one trial; `machine` is where it will run (None: judge the rules alone)."""
     verdict = Verdict(trial)
@@ -170,16 +185,13 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
         verdict.errors += errors
         verdict.skip = verdict.skip or skip
         verdict.notes += notes
-    if info is not None and gpu_id and gpu_id != "cpu":
-        try:
-            from . import planner
+    target = plan_target(gpu_id, machine)
+    if info is not None and target:
+        from . import planner
 
-            verdict.plan = planner.plan_trial(cfg, info, gpu_id, trial.workload)
-            if problem := verdict.plan.get("does_not_fit"):
-                verdict.errors.append(SpecError("engine", cfg.model, "a configuration that fits in GPU memory",
-                                                problem, where))
-        except (ImportError, AttributeError):
-            pass  # planner not available yet: memory fit is not checked
+        verdict.plan = planner.plan_trial(cfg, info, target, trial.workload)
+        if (problem := verdict.plan.get("does_not_fit")) and not verdict.skip:
+            verdict.errors.append(SpecError("engine", cfg.model, "a configuration that fits in memory", problem, where))
     return verdict
 
 

@@ -156,7 +156,9 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
     run_id = store.begin_run(**fields)
     log_path = Path(runs_dir) / run_id / "server.log"
     store.update_run(run_id, log_path=str(log_path))
-    sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None)
+    # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
+    sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,
+                          visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
     status, reason, summary, extra = "failed", None, None, {}
     try:
         with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server, \
@@ -182,6 +184,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             summary = metrics.summarize(table, result.duration_s, trial.slo)
             summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
+            summary |= sampler.summary() if sampler.samples else {}
             samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
             store.add_samples(run_id, samples)

@@ -73,7 +73,7 @@ class EngineConfig(Strict):
     )
     python: str | None = Field(
         None,
-        description="The vLLM build to run: a python executable or a venv folder. Unset = the python running "
+        description="The vLLM build to run: a venv folder or its bin/python. Unset = the python running "
         "qwen3lab. This is how two vLLM versions or a source build are compared.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the server only.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 from .errors import Qwen3LabError
 
 DEFAULT_DB = "qwen3lab.duckdb"
+_MIGRATION_LOCK = threading.Lock()  # threads of one process share DuckDB's database instance
 LOCK_WAIT_S = 30.0
 
 # Key figures copied out of the summary into columns, so listing runs needs no JSON parsing.
@@ -87,20 +89,32 @@ class Store:
             raise StoreError(f"no database at {self.path}: run an experiment first (qwen3lab run ...) or pass --db")
         if not read_only and not self._migrated:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        reading = read_only
         deadline = time.monotonic() + LOCK_WAIT_S
         delay = 0.02
         while True:
             try:
                 con = duckdb.connect(self.path, read_only=read_only)
                 break
+            except duckdb.ConnectionException as exc:
+                # Another thread of this process has the file open in the other mode. A reader reads through
+                # the writer's mode; a writer waits for the reader to finish, as it would for another process.
+                if "different configuration" not in str(exc) or time.monotonic() > deadline:
+                    raise StoreError(f"cannot open {self.path}: {exc}") from exc
+                if read_only:
+                    read_only = False
+                    continue
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower() or time.monotonic() > deadline:
                     raise StoreError(f"cannot open {self.path}: {exc}") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
         try:
-            if not read_only and not self._migrated:
-                self._migrate(con)
+            if not read_only and not self._migrated and not reading:
+                with _MIGRATION_LOCK:
+                    self._migrate(con)
             yield con
         finally:
             con.close()
@@ -112,6 +126,9 @@ class Store:
             raise StoreError(f"{self.path} has schema v{have}, newer than this qwen3lab (v{SCHEMA_VERSION}): upgrade qwen3lab")
         for version in range(have + 1, SCHEMA_VERSION + 1):
             con.execute("BEGIN")
+            if con.execute("SELECT count(*) FROM schema_version WHERE version = ?", [version]).fetchone()[0]:
+                con.execute("ROLLBACK")  # another Store in this process got there first
+                continue
             con.execute(MIGRATIONS[version - 1])
             con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, now()])
             con.execute("COMMIT")
@@ -182,10 +199,15 @@ class Store:
 
     # --- named queries --------------------------------------------------------------------------------
     def _query(self, sql: str, params: Sequence[Any] = ()):
+        import duckdb
+
         if not Path(self.path).exists():
             return None
         with self.connect(read_only=True) as con:
-            return con.execute(sql, list(params)).df()
+            try:
+                return con.execute(sql, list(params)).df()
+            except duckdb.CatalogException:
+                return None  # the file exists but its first write (the schema) has not landed yet
 
     def runs(self, experiment: str | None = None, chapter: str | None = None, status: str | None = None,
              run_ids: Sequence[str] | None = None, with_json: bool = False):
@@ -207,6 +229,8 @@ class Store:
         return df if df is not None else pd.DataFrame()
 
     def run(self, run_id: str) -> dict[str, Any]:
+        if not Path(self.path).exists():
+            raise StoreError(f"no database at {self.path}: run an experiment first (qwen3lab run ...) or pass --db")
         df = self.runs(run_ids=[run_id], with_json=True)
         if df.empty:
             raise StoreError(f"no run {run_id!r} in {self.path}: list them with `qwen3lab runs`")

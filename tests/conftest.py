@@ -1,0 +1,55 @@
+"""Shared fixtures: one real vLLM server (the embedded default engine) per test session, and temp stores."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from qwen3lab.spec import EngineConfig, Workload
+
+REPO = Path(__file__).resolve().parents[1]
+# The tiny model on vLLM's CPU backend, eager so it starts fast; 1 GiB of KV cache is ample for it.
+TINY = dict(model="builtin:qwen3-tiny", load_format="dummy", max_model_len=2048, enforce_eager=True,
+            env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+
+
+def tiny_config(**overrides) -> EngineConfig:
+    return EngineConfig(**{**TINY, **overrides})
+
+
+def small_workload(**overrides) -> Workload:
+    base = dict(num_requests=24, mix="fixed-128", concurrency=8, seed=0)
+    return Workload(**{**base, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory):
+    """A real `vllm serve` of the tiny Qwen3 on the CPU, shared by the tests that only need a server."""
+    from qwen3lab import engine
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with engine.launch(tiny_config(), log, ready_timeout_s=600) as server:
+        yield server
+
+
+@pytest.fixture
+def store(tmp_path):
+    from qwen3lab.store import Store
+
+    return Store(tmp_path / "test.duckdb")
+
+
+def vllm_processes() -> list:
+    """vLLM server processes started by this test process (children, at any depth)."""
+    import psutil
+
+    me = psutil.Process(os.getpid())
+    out = []
+    for p in me.children(recursive=True):
+        try:
+            if "vllm" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out

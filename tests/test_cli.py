@@ -1,0 +1,77 @@
+"""The CLI end to end: `qwen3lab run` launches real servers, stores the runs, prints the table; resumes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from .conftest import REPO
+
+
+def qwen3lab(*args, cwd=None, timeout=1200):
+    return subprocess.run([sys.executable, "-m", "qwen3lab.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or REPO, env={**__import__("os").environ, "COLUMNS": "200"})
+
+
+EXPERIMENT = """
+name: cli-e2e
+gpu: cpu
+engine: {model: builtin:qwen3-tiny, load_format: dummy, max_model_len: 1024, env: {VLLM_CPU_KVCACHE_SPACE: "1"}}
+workload: {num_requests: 30, mix: fixed-128, concurrency: 8, warmup_requests: 2}
+slo: {ttft_p95_ms: 5000}
+chapters:
+  scheduler:
+    trials:
+      - {name: eager-seqs-4, engine.enforce_eager: true, engine.max_num_seqs: 4}
+      - {name: eager-seqs-32, engine.enforce_eager: true, engine.max_num_seqs: 32}
+      - {name: awq-needs-gpu, engine.model: builtin:qwen3-14b-awq}
+"""
+
+
+def test_run_end_to_end_then_resume(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(textwrap.dedent(EXPERIMENT))
+    db = tmp_path / "runs.duckdb"
+    out = qwen3lab("run", str(exp), "--db", str(db), "--runs-dir", str(tmp_path / "runs"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "eager-seqs-4" in out.stdout and "skipped" in out.stdout
+    listed = json.loads(qwen3lab("runs", "--db", str(db), "--json").stdout)
+    by_trial = {r["trial"]: r for r in listed}
+    assert by_trial["awq-needs-gpu"]["status"] == "skipped" and "GPU" in by_trial["awq-needs-gpu"]["reason"]
+    for name in ("eager-seqs-4", "eager-seqs-32"):
+        run = by_trial[name]
+        assert run["status"] == "ok" and run["completed"] == 30 and run["failed"] == 0
+        assert run["vllm_version"] and run["torch_version"] and run["config_hash"] and run["host"]
+        assert run["launch_command"].startswith("VLLM_CPU_KVCACHE_SPACE=1 vllm serve builtin:qwen3-tiny")
+        assert run["vllm_kv_tokens"] > 0
+    # Four in flight at most, so the smaller batch cap waits longer for its first token.
+    assert by_trial["eager-seqs-4"]["p95_ttft_ms"] > by_trial["eager-seqs-32"]["p95_ttft_ms"]
+    again = qwen3lab("run", str(exp), "--db", str(db), "--runs-dir", str(tmp_path / "runs"))
+    assert again.returncode == 0 and again.stdout.count("earlier") == 3  # nothing re-run
+    assert len(json.loads(qwen3lab("runs", "--db", str(db), "--json").stdout)) == 3
+
+
+def test_bad_experiment_is_refused_before_any_launch(tmp_path):
+    exp = tmp_path / "bad.yaml"
+    exp.write_text("name: bad\nengine: {model: builtin:qwen3-14b, max_model_len: 131072, block_size: 20}\ntrials: [{name: a}]\n")
+    out = qwen3lab("run", str(exp), "--db", str(tmp_path / "x.duckdb"))
+    assert out.returncode == 2
+    assert "nothing was launched" in out.stderr and "engine.block_size" in out.stderr
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_dry_run_prints_commands_and_verdicts(tmp_path):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(textwrap.dedent(EXPERIMENT))
+    out = qwen3lab("run", str(exp), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "--max-num-seqs 4" in out.stdout and "skip" in out.stdout
+
+
+def test_schema_documents_every_field():
+    from qwen3lab.spec import EngineConfig
+
+    out = qwen3lab("schema", "engine")
+    for name in EngineConfig.model_fields:
+        assert name in out.stdout

@@ -1,0 +1,110 @@
+"""Launching real vLLM servers: how each ending is told apart, and that nothing is left behind."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from qwen3lab import engine, runner
+from qwen3lab.errors import EngineError
+from qwen3lab.spec import EndpointConfig, RequestClass, Trial
+
+from .conftest import small_workload, tiny_config, vllm_processes
+
+
+@pytest.fixture
+def no_leftovers():
+    """Asserts that the test leaves no new vLLM process behind (a shared session server may be running)."""
+    before = {p.pid for p in vllm_processes()}
+    yield
+    deadline = time.monotonic() + 15
+    new = lambda: [p for p in vllm_processes() if p.pid not in before]  # noqa: E731
+    while new() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert new() == []
+
+
+def test_unknown_flag_fails_with_the_reason_from_the_log(tmp_path, no_leftovers):
+    # A recipe flag that no vLLM has (vllm-facts: max_paddings is not an EngineArg).
+    cfg = tiny_config(extra_args=["--max-paddings", "1024"])
+    with pytest.raises(EngineError) as info:
+        with engine.launch(cfg, tmp_path / "server.log", ready_timeout_s=300):
+            pass
+    assert info.value.outcome == "failed"
+    assert "max-paddings" in info.value.reason and "exit code" in info.value.reason
+
+
+def test_kv_cache_too_small_is_out_of_memory(tmp_path, no_leftovers):
+    # 1 MB of KV cache cannot hold one 2048-token sequence of the tiny model (2 KiB a token).
+    # (VLLM_CPU_KVCACHE_SPACE would take precedence over --kv-cache-memory-bytes on the CPU backend.)
+    cfg = tiny_config(env={}, extra_args=["--kv-cache-memory-bytes", "1000000"])
+    with pytest.raises(EngineError) as info:
+        with engine.launch(cfg, tmp_path / "server.log", ready_timeout_s=300):
+            pass
+    assert info.value.outcome == "oom", info.value.reason
+    assert "KV cache" in info.value.reason
+
+
+def test_health_timeout_tears_down(tmp_path, no_leftovers):
+    with pytest.raises(EngineError) as info:
+        with engine.launch(tiny_config(), tmp_path / "server.log", ready_timeout_s=3):
+            pass
+    assert info.value.outcome == "timeout"
+
+
+def test_endpoint_kind_measures_a_running_server(tiny_server, store, tmp_path):
+    cfg = EndpointConfig(kind="endpoint", url=tiny_server.base_url + "/v1", model=tiny_server.model_name,
+                         tokenizer=str(engine.resolve_model_path("builtin:qwen3-tiny")))
+    trial = Trial(experiment="t", name="endpoint", engine=cfg, workload=small_workload(num_requests=8))
+    result = runner.run_trial(trial, store, tmp_path)
+    assert result.status == "ok" and result.summary["completed"] == 8
+    assert tiny_server.alive()  # measured, never stopped
+    row = store.run(result.run_id)
+    assert row["engine_kind"] == "endpoint" and row["vllm_version"]
+
+
+def test_server_killed_mid_run_is_stored_as_crashed(store, tmp_path, no_leftovers):
+    """SIGKILL the server during the load: run stored as crashed, finished requests kept, nothing left."""
+    w = small_workload(num_requests=400, concurrency=4, mix=[RequestClass(name="s", prompt_tokens=32, output_tokens=32)])
+    trial = Trial(experiment="t", name="killed", engine=tiny_config(), workload=w)
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("r", runner.run_trial(trial, store, tmp_path)))
+    worker.start()
+    deadline = time.monotonic() + 600
+    run_id = None
+    while time.monotonic() < deadline:
+        runs = store.runs()
+        if not runs.empty:
+            run_id = runs.run_id[0]
+            if store.request_counts([run_id]).get(run_id, 0) >= 20:
+                break
+        time.sleep(0.5)
+    assert run_id, "the run never started"
+    argv = store.run(run_id)["exec_argv"]
+    port = int(argv[argv.index("--port") + 1])
+    (api,) = [p for p in vllm_processes() if f"--port {port}" in " ".join(p.cmdline())]
+    os.kill(api.pid, signal.SIGKILL)
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    result = out["r"]
+    row = store.run(run_id)
+    assert result.status == row["status"] == "crashed", row["reason"]
+    assert "SIGKILL" in row["reason"]
+    kept = store.requests([run_id])
+    finished = kept[kept.error.isna()]
+    assert len(finished) >= 20 and len(kept) < 400  # what finished is stored; sending stopped
+    assert (finished.output_tokens == 32).all()
+    assert engine.port_is_free(port)
+
+
+def test_stop_leaves_no_process_or_port(tmp_path, no_leftovers):
+    with engine.launch(tiny_config(), tmp_path / "server.log", ready_timeout_s=600) as server:
+        family = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
+        assert len(family) >= 2  # the API server and vLLM's engine core
+        port = server.port
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
+    assert engine.port_is_free(port)
