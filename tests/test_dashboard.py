@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-import dashdata  # noqa: E402
+from tests import dashdata  # noqa: E402
 from qwen3lab import compare, export  # noqa: E402
 from qwen3lab.spec import SLO  # noqa: E402
 from qwen3lab.store import Store  # noqa: E402

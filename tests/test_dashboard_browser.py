@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import dashdata
+from tests import dashdata
 from qwen3lab import compare, engine, export
 from qwen3lab.spec import SLO
 from qwen3lab.store import Store

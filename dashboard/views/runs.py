@@ -46,9 +46,10 @@ picked = st.dataframe(view[list(COLUMNS)], hide_index=True, width="stretch", col
 rows = picked.selection.rows if picked is not None and hasattr(picked, "selection") else []
 chosen = list(view.run_id.iloc[rows]) if rows else []
 if chosen:
-    ok = [r for r in chosen if (df.set_index("run_id").status.get(r) == "ok")]
+    status = dict(zip(df.run_id, df.status))
+    ok = [r for r in chosen if status.get(r) == "ok"]
     if len(ok) >= 2 and st.button(f"Compare these {len(ok)} runs", type="primary", icon=":material/compare_arrows:"):
-        exps = df.set_index("run_id").experiment.loc[ok].dropna().unique()
+        exps = df[df.run_id.isin(ok)].experiment.dropna().unique()
         ui.compare_runs(exps[0] if len(exps) == 1 else ui.ALL, ok)
 
 unfinished = view[view.status != "ok"]
@@ -59,8 +60,8 @@ if not unfinished.empty:
         st.markdown(f"{icon} **{r.label}** · `{r.status}` · {r.run_id}  \n{r.reason or 'no reason recorded'}")
 
 st.subheader("One run in detail")
-detail = chosen[0] if chosen else st.selectbox("Run", list(view.run_id), key="detail_run",
-                                              format_func=lambda r: f"{df.set_index('run_id').label[r]} · {r}")
+names = {r: f"{lab} · {r}" for r, lab in zip(view.run_id, view.label)}
+detail = chosen[0] if chosen else st.selectbox("Run", list(names), key="detail_run", format_func=names.get)
 if detail:
     info = ui.run(ui.db_path(), detail)
     c1, c2 = st.columns(2)
