@@ -99,7 +99,7 @@ def winner(db: str, run_ids: tuple[str, ...], slo_json: str) -> compare.Winner:
     return compare.pick_winner(data, SLO.model_validate_json(slo_json))
 
 
-@st.cache_data(ttl=60, show_spinner=False, max_entries=16)
+@st.cache_data(ttl=60, show_spinner="Bootstrapping each trial against its baseline…", max_entries=16)
 def claims(db: str, experiment: str, slo_json: str, stamp: float) -> pd.DataFrame:
     return compare.claims(Store(db), experiment, SLO.model_validate_json(slo_json))
 
@@ -288,5 +288,8 @@ def notebook_html(path: Path) -> str | None:
         from nbconvert import HTMLExporter
     except ImportError:
         return None
-    body, _ = HTMLExporter(template_name="classic").from_notebook_node(nbformat.read(str(path), as_version=4))
+    try:
+        body, _ = HTMLExporter(template_name="classic").from_notebook_node(nbformat.read(str(path), as_version=4))
+    except Exception:  # noqa: BLE001 - an unreadable notebook is still offered for download
+        return None
     return body
