@@ -174,7 +174,7 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
         console.print(hardware_report.probe_table(found))
 
 
-def main() -> None:  # pragma: no cover
+if __name__ == "__main__":  # python -m qwen3lab.cli
     app()
 
 
