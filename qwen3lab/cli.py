@@ -177,6 +177,3 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()
 
-
-if __name__ == "__main__":  # python -m qwen3lab.cli
-    main()
