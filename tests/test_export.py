@@ -139,7 +139,7 @@ def _free_port() -> int:
     return engine.free_port()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_pasted_shell_command_starts_the_same_server(tmp_path):
     """The real thing: a run stored as the runner stores it, exported, pasted into bash: vLLM answers /health."""
     config = EngineConfig(model="builtin:qwen3-tiny", load_format="dummy", max_model_len=1024,
@@ -160,7 +160,7 @@ def test_pasted_shell_command_starts_the_same_server(tmp_path):
     proc = subprocess.Popen(["bash", "-c", ex.shell], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 420
+        deadline = time.monotonic() + 720  # ~40 s alone on 2 cores; minutes when the machine is shared
         while True:
             assert proc.poll() is None, "the pasted command exited:\n" + (tmp_path / "server.log").read_text()[-3000:]
             try:
@@ -169,7 +169,7 @@ def test_pasted_shell_command_starts_the_same_server(tmp_path):
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, "no /health within 420 s"
+            assert time.monotonic() < deadline, "no /health within 720 s"
             time.sleep(1)
         status, body = engine.http_get(f"http://127.0.0.1:{port}/v1/models")
         served = json.loads(body)["data"][0]
