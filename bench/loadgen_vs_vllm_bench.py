@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qwen3lab import engine, metrics, workload as wl
-from qwen3lab.loadgen import run_load
+from qwen3lab.loadgen import run_load, run_sync
 from qwen3lab.models import resolve_model_path
 from qwen3lab.spec import EngineConfig, RequestClass, Workload
 
@@ -33,7 +33,7 @@ FIELDS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms"
 
 def ours(server, requests, w) -> dict:
     cpu0 = time.process_time()
-    result = asyncio.run(run_load(server.base_url, server.model_name, requests, w))
+    result = run_sync(run_load(server.base_url, server.model_name, requests, w))
     s = metrics.summarize(metrics.RequestTable.from_records(result.records), result.duration_s)
     cpu = time.process_time() - cpu0
     return {k: s[k] for k in FIELDS[:-1]} | {"cpu_s_per_1k_tokens": 1000 * cpu / s["total_output_tokens"],

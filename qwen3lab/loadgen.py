@@ -70,6 +70,30 @@ def _payload(api: str, model: str, req: Request, workload: Workload) -> dict:
     return body
 
 
+def run_sync(coro):
+    """Run a coroutine to completion on a fresh loop: uvloop when installed (vLLM depends on it; less client
+    CPU per read), and in a thread of its own when this thread already runs a loop (a Jupyter kernel)."""
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+
+    def go():
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return go()
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qwen3lab-load") as pool:
+        return pool.submit(go).result()
+
+
 class _StreamProtocol(asyncio.Protocol):
     """One streamed HTTP/1.1 response, parsed where the bytes arrive (no reader task, no copies per token).
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import __version__, engine, hardware, metrics, preflight, workload as wl
 from .errors import EngineError, SpecErrors
-from .loadgen import LoadResult, RequestRecord, run_load
+from .loadgen import LoadResult, RequestRecord, run_load, run_sync
 from .spec import Trial
 from .store import Store
 from .telemetry import MetricsScraper, NvmlSampler
@@ -177,7 +177,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
-            result, scraped = asyncio.run(_measure(server, requests, trial, flusher.add))
+            result, scraped = run_sync(_measure(server, requests, trial, flusher.add))
             sampler.stop()
             flusher.flush()
             table = metrics.RequestTable.from_records(result.records)
