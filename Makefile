@@ -7,7 +7,7 @@ DB ?= qwen3lab.duckdb
 # imports them when present: text models need them gone.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: install demo test bench dashboard sweep notebooks lab clean
+.PHONY: install demo test bench bench-dashboard dashboard sweep notebooks lab clean
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,9 @@ lab: install
 
 bench: install
 	$(BIN)/python bench/loadgen_vs_vllm_bench.py
+
+bench-dashboard: install
+	$(BIN)/python bench/dashboard_bench.py
 
 dashboard: install
 	$(BIN)/qwen3lab dashboard --db $(DB)

@@ -122,6 +122,21 @@ def schema(section: str = typer.Argument("engine", help="engine, endpoint, workl
 
 
 @app.command()
+def dashboard(
+    db: str = DB,
+    port: int = typer.Option(8501, "--port", help="Port of the dashboard."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
+):
+    """Open the dashboard: compare runs, pick the winner under SLOs, export its launch command."""
+    from .dashboard_launch import run_dashboard
+
+    try:
+        raise typer.Exit(run_dashboard(db, host=host, port=port))
+    except Qwen3LabError as exc:
+        _fail(exc)
+
+
+@app.command()
 def plan(
     gpu: str = typer.Option(..., "--gpu", help="Catalogue GPU: a100-80g, a100-40g, rtx4090, l40s, h100-sxm, h100-pcie, h200, ..."),
     model: str = typer.Option("qwen3-14b", "--model", help="qwen3-14b (its BF16, FP8 and AWQ checkpoints), a builtin:NAME or a folder."),
@@ -158,6 +173,23 @@ def calibrate(
         _fail(exc)
 
 
+@app.command("import")
+def import_(
+    files: list[Path] = typer.Argument(..., help="vllm bench serve --save-result JSON or GuideLLM benchmark JSON."),
+    db: str = DB,
+    experiment: str = typer.Option("imported", help="Experiment name the imported runs are filed under."),
+):
+    """Import results of `vllm bench serve` and GuideLLM, to compare them beside qwen3lab's own runs."""
+    from .importers import import_files
+    from .store import Store
+
+    try:
+        ids = import_files(Store(db), files, experiment=experiment)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    console.print(f"{len(ids)} run(s) in {db}: " + ", ".join(ids))
+
+
 @app.command()
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
@@ -172,3 +204,4 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
 
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()
+

@@ -2,6 +2,13 @@
 
 Everything is recomputed from the stored per-request rows, so changing an SLO never needs a re-run, and
 every difference comes with a bootstrap 95% interval: "within noise" when that interval holds zero.
+
+Rates (goodput, throughput) are not bootstrapped by resampling single requests against the fixed duration: with
+fixed output lengths that leaves a throughput unchanged and its interval would have zero width. By Little's
+law a run's rate is (work of its requests) / (their summed latency) x (its mean concurrency, summed latency /
+duration), which is exactly work / duration; resampling blocks of consecutive requests (latency and work
+together, so a slow stretch stays slow) lets the summed latency vary, and that is the interval. It sees the
+noise within one run; repeats of a trial show the noise between launches.
 """
 from __future__ import annotations
 
@@ -43,6 +50,21 @@ class RunData:
         out = np.where(t.ok, t.output_tokens, 0).astype(float)
         return np.column_stack([good, out, t.ttft])
 
+    def per_block(self, slo: SLO, block: int | None = None) -> np.ndarray:
+        """Blocks of consecutive requests (send order): good requests, output tokens, summed latency (s)."""
+        x = self.per_request(slo)
+        e2el = np.where(self.table.ok, np.nan_to_num(self.table.e2el), 0.0)
+        b = block or int(np.clip(round(np.sqrt(len(x))), 1, 50))
+        slot = np.arange(len(x)) // b
+        out = np.zeros((int(slot[-1]) + 1 if len(x) else 0, 3))
+        np.add.at(out, slot, np.column_stack([x[:, :2], e2el]))
+        return out
+
+    def concurrency(self) -> float:
+        """Mean requests in flight: summed latency / duration (Little's law)."""
+        ok = self.table.ok
+        return float(np.nansum(self.table.e2el[ok])) / max(self.duration, 1e-9)
+
 
 def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False) -> list[RunData]:
     rows = store.runs(run_ids=run_ids)
@@ -80,12 +102,10 @@ def rank(runs: list[RunData], slo: SLO) -> pd.DataFrame:
     return df
 
 
-def _goodput(dur: float):
-    return lambda x: x[..., 0].sum(axis=-1) / dur
-
-
-def _throughput(dur: float):
-    return lambda x: x[..., 1].sum(axis=-1) / dur
+def _rate(column: int, run: RunData):
+    """Over blocks [good, tokens, latency]: work / summed latency x mean concurrency (= work / duration)."""
+    conc = run.concurrency()
+    return lambda x: x[..., column].sum(axis=-1) / np.maximum(x[..., 2].sum(axis=-1), 1e-12) * conc
 
 
 def _p95_ttft(x: np.ndarray) -> np.ndarray:
@@ -96,15 +116,20 @@ def difference(a: RunData, b: RunData, slo: SLO, metric: str = "goodput", n_boot
                relative: bool = False) -> Interval:
     """Bootstrap interval of metric(a) - metric(b), or of metric(a)/metric(b) - 1 in percent when `relative`.
 
-    metric: goodput (requests/s meeting the SLOs), output_throughput (tokens/s) or p95_ttft_ms.
+    metric: goodput (requests/s meeting the SLOs), output_throughput (tokens/s) or p95_ttft_ms. Rates resample
+    blocks of consecutive requests of each run (see the module doc), P95 TTFT resamples requests.
     """
-    stats = {"goodput": (_goodput(a.duration), _goodput(b.duration)),
-             "output_throughput": (_throughput(a.duration), _throughput(b.duration)),
+    stats = {"goodput": (_rate(0, a), _rate(0, b)),
+             "output_throughput": (_rate(1, a), _rate(1, b)),
              "p95_ttft_ms": (_p95_ttft, _p95_ttft)}
     if metric not in stats:
         raise ValueError(f"metric {metric!r}: use one of {', '.join(stats)}")
     combine = (lambda da, db: (da / db - 1) * 100) if relative else (lambda da, db: da - db)
-    return bootstrap_two(a.per_request(slo), b.per_request(slo), *stats[metric], combine, n_boot)
+    if metric == "p95_ttft_ms":
+        xa, xb = a.per_request(slo), b.per_request(slo)
+    else:
+        xa, xb = a.per_block(slo), b.per_block(slo)
+    return bootstrap_two(xa, xb, *stats[metric], combine, n_boot)
 
 
 @dataclass

@@ -109,19 +109,26 @@ def _die_with_parent() -> None:
     os.setsid()
 
 
-def exec_argv(config: EngineConfig, port: int, build: Build) -> list[str]:
+def exec_argv(config: EngineConfig, port: int, build: Build, host: str = "127.0.0.1") -> list[str]:
     """The argv actually executed: numactl prefix, the build's python, vLLM's entry point, flags."""
     model = resolve_model_path(config.model)
     flags = config.serve_flags()
     if config.tokenizer is None and (tok := default_tokenizer(config.model)):
         flags = ["--tokenizer", tok, *flags]
-    return [*config.numactl_prefix(), *build.launch_prefix(model), *flags, "--host", "127.0.0.1", "--port", str(port)]
+    return [*config.numactl_prefix(), *build.launch_prefix(model), *flags, "--host", host, "--port", str(port)]
+
+
+def server_env_defaults(config: EngineConfig) -> dict[str, str]:
+    """Variables qwen3lab gives a server unless the environment already has them (exports write them out)."""
+    if config.model.startswith(BUILTIN_PREFIX) and default_tokenizer(config.model) is None:
+        return {"HF_HUB_OFFLINE": "1"}  # everything is local: never wait on a hub that is not there
+    return {}
 
 
 def server_env(config: EngineConfig) -> dict[str, str]:
     env = dict(os.environ)
-    if config.model.startswith(BUILTIN_PREFIX) and default_tokenizer(config.model) is None:
-        env.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never wait on a hub that is not there
+    for key, value in server_env_defaults(config).items():
+        env.setdefault(key, value)
     env.update(config.env)
     return env
 

@@ -2,8 +2,9 @@
 
 A chunk counts when it carries choices (its text may be empty); TTFT is the first such chunk, E2EL the last,
 exactly as vLLM's own benchmark client times them. The client stays light on purpose: on a small machine it
-shares the CPU with the server it measures, so chunks are recognised by bytes and only the closing usage
-chunk is parsed as JSON.
+shares the CPU with the server it measures, so the HTTP stream is parsed in an asyncio Protocol where the
+bytes arrive (no reader task, no per-token coroutine switch), chunks are recognised by bytes, and only the
+closing usage chunk is parsed as JSON.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiohttp
+import ssl
+import urllib.parse
 
 from .spec import Workload
 from .workload import Request, arrival_offsets
@@ -68,48 +70,172 @@ def _payload(api: str, model: str, req: Request, workload: Workload) -> dict:
     return body
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord, t0: float,
-               timeout: aiohttp.ClientTimeout) -> None:
-    st = time.perf_counter()
-    rec.sent_at = st - t0
-    chunks = rec.chunk_times
+def run_sync(coro):
+    """Run a coroutine to completion on a fresh loop: uvloop when installed (vLLM depends on it; less client
+    CPU per read), and in a thread of its own when this thread already runs a loop (a Jupyter kernel)."""
     try:
-        async with session.post(url, data=body, timeout=timeout) as resp:
-            rec.status = resp.status
-            if resp.status != 200:
-                rec.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+
+    box: dict = {}
+
+    async def main():
+        box["task"], box["loop"] = asyncio.current_task(), asyncio.get_running_loop()
+        return await coro
+
+    def go():
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main())
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return go()
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qwen3lab-load")
+    try:
+        return pool.submit(go).result()
+    except BaseException:
+        # Ctrl-C / a kernel interrupt in the caller's thread: cancel the load there instead of waiting it out.
+        if "task" in box:
+            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+class _StreamProtocol(asyncio.Protocol):
+    """One streamed HTTP/1.1 response, parsed where the bytes arrive (no reader task, no copies per token).
+
+    Parses the status line and headers, undoes chunked transfer encoding, cuts the body into SSE events and
+    hands each to `on_event` with the time of the read that completed it.
+    """
+
+    def __init__(self, on_event: Callable[[bytes, float], None]):
+        self.on_event = on_event
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.status: int | None = None
+        self.head = b""
+        self.chunked = False
+        self.raw = b""  # body bytes not yet de-chunked
+        self.need = 0  # bytes left in the current HTTP chunk
+        self.sse = b""  # de-chunked bytes not yet cut into events
+        self.body = b""  # kept only for error responses
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if self.status is None:
+            self.head += data
+            cut = self.head.find(b"\r\n\r\n")
+            if cut < 0:
                 return
-            buf = b""
-            async for data in resp.content.iter_any():
-                now = time.perf_counter() - st
-                buf += data
-                while (cut := buf.find(b"\n\n")) >= 0:
-                    msg, buf = buf[:cut], buf[cut + 2:]
-                    if not msg.startswith(b"data:"):
-                        continue  # SSE comments and keep-alives
-                    payload = msg[5:].strip()
-                    if payload == b"[DONE]":
-                        continue
-                    if b'"choices"' in payload and not any(e in payload for e in _EMPTY_CHOICES):
-                        chunks.append(now)
-                        continue
-                    doc = json.loads(payload)
-                    if usage := doc.get("usage"):
-                        rec.prompt_tokens = usage.get("prompt_tokens")
-                        rec.output_tokens = usage.get("completion_tokens")
-                    elif err := doc.get("error"):
-                        rec.error = f"server error: {str(err)[:500]}"
-            if chunks:
-                rec.ttft, rec.e2el = chunks[0], chunks[-1]
-            elif rec.error is None:
-                rec.error = "stream ended without a token chunk"
+            head, data = self.head[:cut], self.head[cut + 4:]
+            lines = head.split(b"\r\n")
+            self.status = int(lines[0].split(b" ", 2)[1])
+            self.chunked = any(h.lower().startswith(b"transfer-encoding:") and b"chunked" in h.lower() for h in lines[1:])
+        if self.status != 200:
+            self.body += data
+            return
+        self._feed(self._dechunk(data) if self.chunked else data, now)
+
+    def _dechunk(self, data: bytes) -> bytes:
+        self.raw += data
+        out = []
+        raw, pos = self.raw, 0
+        while pos < len(raw):
+            if self.need:
+                take = raw[pos:pos + self.need]
+                out.append(take)
+                self.need -= len(take)
+                pos += len(take)
+                continue
+            eol = raw.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            line = raw[pos:eol]
+            if not line:  # the CRLF that ends a chunk's data
+                pos = eol + 2
+                continue
+            self.need = int(line.split(b";", 1)[0], 16)
+            pos = eol + 2
+            if self.need == 0:
+                pos = len(raw)  # last chunk: trailers do not matter
+        self.raw = raw[pos:]
+        return b"".join(out)
+
+    def _feed(self, data: bytes, now: float) -> None:
+        buf = self.sse + data
+        start = 0
+        while (cut := buf.find(b"\n\n", start)) >= 0:
+            self.on_event(buf[start:cut], now)
+            start = cut + 2
+        self.sse = buf[start:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(exc)
+
+
+async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: RequestRecord, t0: float,
+               timeout_s: float) -> None:
+    """Send one request and time its stream, with vllm bench serve's rules (see the module docstring)."""
+    chunks = rec.chunk_times
+    st = time.perf_counter()
+
+    def on_event(msg: bytes, now: float) -> None:
+        if not msg.startswith(b"data:"):
+            return  # SSE comments and keep-alives
+        payload = msg[5:].strip()
+        if payload == b"[DONE]":
+            return
+        if b'"choices"' in payload and not any(e in payload for e in _EMPTY_CHOICES):
+            chunks.append(now - st)
+            return
+        doc = json.loads(payload)
+        if usage := doc.get("usage"):
+            rec.prompt_tokens = usage.get("prompt_tokens")
+            rec.output_tokens = usage.get("completion_tokens")
+        elif err := doc.get("error"):
+            rec.error = f"server error: {str(err)[:500]}"
+
+    rec.sent_at = st - t0
+    transport = None
+    try:
+        loop = asyncio.get_running_loop()
+        transport, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: _StreamProtocol(on_event), host, port, ssl=ssl_ctx,
+                                   server_hostname=host if ssl_ctx else None), timeout=timeout_s)
+        transport.write(head + body)
+        exc = await asyncio.wait_for(proto.done, timeout=max(0.001, timeout_s - (time.perf_counter() - st)))
+        rec.status = proto.status
+        if proto.status is None:
+            rec.error = f"connection closed before a response ({exc or 'no error'})"
+        elif proto.status != 200:
+            rec.error = f"HTTP {proto.status}: {proto.body[:500].decode(errors='replace')}"
+        elif exc is not None and rec.error is None:
+            rec.error = f"{type(exc).__name__}: {exc}"[:500]
+        if chunks:
+            rec.ttft, rec.e2el = chunks[0], chunks[-1]
+        elif rec.error is None:
+            rec.error = "stream ended without a token chunk"
     except asyncio.CancelledError:
         rec.error = rec.error or "cancelled"
         raise
-    except Exception as exc:  # connection refused, reset, timeout: the record says which
+    except asyncio.TimeoutError:
+        rec.error = f"timed out after {timeout_s:.0f} s"
+        if chunks:
+            rec.ttft = chunks[0]
+    except Exception as exc:  # connection refused, reset: the record says which
         rec.error = f"{type(exc).__name__}: {exc}"[:500]
         if chunks:
             rec.ttft = chunks[0]
+    finally:
+        if transport is not None:
+            transport.close()
 
 
 async def run_load(
@@ -127,19 +253,23 @@ async def run_load(
     n_warm = min(workload.warmup_requests, len(requests))
     conc = workload.concurrency
     sem = asyncio.Semaphore(conc) if conc else None
-    timeout = aiohttp.ClientTimeout(total=workload.request_timeout_s)
-    connector = aiohttp.TCPConnector(limit=conc or 0, force_close=False)
-    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    parsed = urllib.parse.urlsplit(url)
+    host, port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+    ssl_ctx = ssl.create_default_context() if parsed.scheme == "https" else None
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    prefix = (f"POST {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nContent-Type: application/json\r\n"
+              f"Accept: text/event-stream\r\nConnection: close\r\n{extra}")
     records: list[RequestRecord] = []
 
-    async def limited(session, req: Request, rec: RequestRecord, t0: float, held: bool = False):
+    async def limited(req: Request, rec: RequestRecord, t0: float, held: bool = False):
         body = json.dumps(_payload(api, model, req, workload)).encode()
+        head = (prefix + f"Content-Length: {len(body)}\r\n\r\n").encode()
         try:
             if sem is None or held:
-                await _one(session, url, body, rec, t0, timeout)
+                await _one(host, port, ssl_ctx, head, body, rec, t0, workload.request_timeout_s)
             else:  # scheduled arrival: wait here for a slot, as vllm bench's max_concurrency does
                 async with sem:
-                    await _one(session, url, body, rec, t0, timeout)
+                    await _one(host, port, ssl_ctx, head, body, rec, t0, workload.request_timeout_s)
         finally:
             if held:
                 sem.release()
@@ -150,47 +280,47 @@ async def run_load(
         return RequestRecord(req.index, req.request_class, req.prompt_tokens, req.output_tokens,
                              req.shared_prefix, warm)
 
-    async with aiohttp.ClientSession(connector=connector, headers=hdrs) as session:
-        t0 = time.perf_counter()
-        if n_warm:
-            warm = [record_for(r, True) for r in requests[:n_warm]]
-            records += warm
-            await asyncio.gather(*(limited(session, r, rec, t0) for r, rec in zip(requests, warm)))
-        measured = requests[n_warm:]
-        offsets = arrival_offsets(workload, len(measured))
-        deadline = workload.duration_s
-        cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
-        tasks = []
-        # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
-        # queued past a deadline and sending stops at once when the server is gone.
-        closed = offsets is None and sem is not None
-        try:
-            i = 0
-            while deadline is not None or i < len(measured):
-                req = measured[i % len(measured)]
-                if offsets is not None:
-                    # Soak runs cycle the mix; their arrival times keep the same average gap.
-                    lap, pos = divmod(i, len(measured))
-                    target = offsets[pos] + lap * (offsets[-1] + 1.0 / workload.request_rate)
-                    delay = target - (time.perf_counter() - t0)
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                elif closed:
-                    await sem.acquire()
-                if (deadline is not None and time.perf_counter() - t0 >= deadline) or (should_stop and should_stop()):
-                    if closed:
-                        sem.release()
-                    break  # time is up, or the server is gone: stop sending, keep what finished
-                rec = record_for(req, False)
-                if deadline is not None:
-                    rec.index = n_warm + i
-                records.append(rec)
-                tasks.append(asyncio.create_task(limited(session, req, rec, t0, held=closed)))
-                i += 1
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-        ends = [r.sent_at + r.e2el for r in records if not r.warmup and r.e2el is not None]
-        duration = (max(ends) if ends else time.perf_counter() - t0)
-        return LoadResult(records, started, duration, time.process_time() - cpu0, t0)
+    # One connection per request (Connection: close): nothing to pool, nothing to close at the end.
+    t0 = time.perf_counter()
+    if n_warm:
+        warm = [record_for(r, True) for r in requests[:n_warm]]
+        records += warm
+        await asyncio.gather(*(limited(r, rec, t0) for r, rec in zip(requests, warm)))
+    measured = requests[n_warm:]
+    offsets = arrival_offsets(workload, len(measured))
+    deadline = workload.duration_s
+    cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
+    tasks = []
+    # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
+    # queued past a deadline and sending stops at once when the server is gone.
+    closed = offsets is None and sem is not None
+    try:
+        i = 0
+        while deadline is not None or i < len(measured):
+            req = measured[i % len(measured)]
+            if offsets is not None:
+                # Soak runs cycle the mix; their arrival times keep the same average gap.
+                lap, pos = divmod(i, len(measured))
+                target = offsets[pos] + lap * (offsets[-1] + 1.0 / workload.request_rate)
+                delay = target - (time.perf_counter() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            elif closed:
+                await sem.acquire()
+            if (deadline is not None and time.perf_counter() - t0 >= deadline) or (should_stop and should_stop()):
+                if closed:
+                    sem.release()
+                break  # time is up, or the server is gone: stop sending, keep what finished
+            rec = record_for(req, False)
+            if deadline is not None:
+                rec.index = n_warm + i
+            records.append(rec)
+            tasks.append(asyncio.create_task(limited(req, rec, t0, held=closed)))
+            i += 1
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    ends = [r.sent_at + r.e2el for r in records if not r.warmup and r.e2el is not None]
+    duration = (max(ends) if ends else time.perf_counter() - t0)
+    return LoadResult(records, started, duration, time.process_time() - cpu0, t0)

@@ -29,8 +29,11 @@ def pareto_front(points: pd.DataFrame, x: str = "p95_ttft_ms", y: str = "output_
     return pd.Series(front, index=points.index)
 
 
-def pareto_figure(runs: pd.DataFrame, label: str = "trial"):
-    """Output throughput against P95 TTFT, one marker a run, the Pareto front joined by a line."""
+def pareto_figure(runs: pd.DataFrame, label: str = "trial", slo_ttft_ms: float | None = None):
+    """Output throughput against P95 TTFT, one marker a run, the Pareto front joined by a line.
+
+    slo_ttft_ms draws the TTFT limit: runs right of it miss the SLO whatever their throughput.
+    """
     go = _go()
     df = runs.dropna(subset=["p95_ttft_ms", "output_throughput"]).copy()
     fig = go.Figure()
@@ -38,16 +41,29 @@ def pareto_figure(runs: pd.DataFrame, label: str = "trial"):
         return _empty(fig, "No finished runs to compare yet")
     df["front"] = pareto_front(df)
     names = df[label].astype(str) if label in df else df.run_id
+    xs = df.p95_ttft_ms.to_numpy(float)
+    mid = (np.nanmin(xs) + np.nanmax(xs)) / 2
     fig.add_trace(go.Scatter(x=df.p95_ttft_ms, y=df.output_throughput, mode="markers+text", text=names,
-                             textposition="top center", name="runs",
+                             textposition=["top right" if x <= mid else "top left" for x in xs], name="runs",
                              marker=dict(size=11, color=np.where(df.front, "#d62728", "#1f77b4")),
                              customdata=df.run_id,
                              hovertemplate="%{text}<br>P95 TTFT %{x:.1f} ms<br>%{y:.1f} tok/s<br>%{customdata}"))
     front = df[df.front].sort_values("p95_ttft_ms")
     fig.add_trace(go.Scatter(x=front.p95_ttft_ms, y=front.output_throughput, mode="lines", name="Pareto front",
                              line=dict(color="#d62728", dash="dash")))
-    fig.update_layout(title="Throughput vs P95 TTFT (up and left is better)", xaxis_title="P95 TTFT (ms)",
-                      yaxis_title="output tokens/s", height=460)
+    lo, hi = float(np.nanmin(xs)), float(np.nanmax(xs))
+    if slo_ttft_ms:
+        fig.add_vline(x=slo_ttft_ms, line_dash="dot", line_color="#7f7f7f",
+                      annotation_text=f"P95 TTFT SLO {slo_ttft_ms:g} ms", annotation_position="bottom right")
+        lo, hi = min(lo, slo_ttft_ms), max(hi, slo_ttft_ms)
+    pad = max(hi - lo, hi * 0.1, 1.0) * 0.12  # room for the labels at both ends
+    ys = df.output_throughput.to_numpy(float)
+    ypad = max(np.nanmax(ys) - np.nanmin(ys), np.nanmax(ys) * 0.05, 1.0) * 0.15
+    fig.update_xaxes(range=[max(lo - pad, 0), hi + pad])
+    fig.update_yaxes(range=[np.nanmin(ys) - ypad, np.nanmax(ys) + 1.5 * ypad])
+    fig.update_layout(title="Throughput vs P95 TTFT (up and left is better; red: the Pareto front)",
+                      xaxis_title="P95 TTFT (ms)", yaxis_title="output tokens/s", height=460,
+                      legend=dict(orientation="h", y=-0.18))
     return fig
 
 
@@ -130,7 +146,7 @@ def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
                              text=df.verdict, hovertemplate="%{y}: %{x:+.1f}% (%{text})"))
     fig.add_vline(x=0, line_dash="dot")
     fig.update_layout(title=f"Change in {metric} against the baseline (95% interval)", xaxis_title="change (%)",
-                      height=120 + 40 * len(df))
+                      height=180 + 60 * len(df), yaxis=dict(type="category", automargin=True), showlegend=False)
     return fig
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import __version__, engine, hardware, metrics, preflight, workload as wl
 from .errors import EngineError, SpecErrors
-from .loadgen import LoadResult, RequestRecord, run_load
+from .loadgen import LoadResult, RequestRecord, run_load, run_sync
 from .spec import Trial
 from .store import Store
 from .telemetry import MetricsScraper, NvmlSampler
@@ -121,41 +121,6 @@ async def _measure(server: engine.Server, requests, trial: Trial, on_done) -> tu
     return result, scraper.samples
 
 
-def run_coroutine(coro):
-    """asyncio.run, also from inside a running event loop (a Jupyter kernel has one): then the coroutine runs
-    in a worker thread with its own loop, and Ctrl-C / a kernel interrupt cancels it there."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict = {}
-
-    async def main():
-        box["task"] = asyncio.current_task()
-        box["loop"] = asyncio.get_running_loop()
-        return await coro
-
-    def target():
-        try:
-            box["value"] = asyncio.run(main())
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, name="qwen3lab-load", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.2)
-    except BaseException:
-        if "task" in box:
-            box["loop"].call_soon_threadsafe(box["task"].cancel)
-        worker.join(30)
-        raise
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | None, machine: dict) -> dict:
     cfg = trial.engine
     return dict(
@@ -212,7 +177,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
-            result, scraped = run_coroutine(_measure(server, requests, trial, flusher.add))
+            result, scraped = run_sync(_measure(server, requests, trial, flusher.add))
             sampler.stop()
             flusher.flush()
             table = metrics.RequestTable.from_records(result.records)

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from qwen3lab import engine, preflight, runner, sweep
+from qwen3lab import engine, preflight, sweep
+from qwen3lab.loadgen import run_sync
 from qwen3lab import experiment as xp
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.store import Store
@@ -140,10 +141,10 @@ def test_run_coroutine_inside_a_running_loop():
         return 7
 
     async def outer():  # like a Jupyter kernel: a loop is already running in this thread
-        return runner.run_coroutine(inner())
+        return run_sync(inner())
 
     assert asyncio.run(outer()) == 7
-    assert runner.run_coroutine(inner()) == 7
+    assert run_sync(inner()) == 7
 
 
 # --- a real sweep, killed mid-way --------------------------------------------------------------------------

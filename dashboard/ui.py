@@ -1,0 +1,295 @@
+"""What every page shares: the store (cached briefly, so new runs appear on refresh), the runs being compared,
+the SLOs, friendly errors, and number formats. Pages call these and the qwen3lab modules; nothing here speaks
+SQL or does statistics.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from qwen3lab import compare, export, plots
+from qwen3lab.errors import Qwen3LabError
+from qwen3lab.spec import SLO
+from qwen3lab.store import DEFAULT_DB, Store
+
+DB_ENV = "QWEN3LAB_DB"
+TTL_S = 5  # new runs of a sweep appear within this long, or at once with Refresh
+FINISHED = ("ok",)
+ALL = "(all experiments)"  # compare across experiments, e.g. an imported vllm bench run beside qwen3lab's own
+
+
+# --- the database --------------------------------------------------------------------------------------
+def db_path() -> str:
+    """--db after `--` on the streamlit command line, else $QWEN3LAB_DB, else ./qwen3lab.duckdb."""
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--db" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--db="):
+            return a.split("=", 1)[1]
+    return os.environ.get(DB_ENV) or DEFAULT_DB
+
+
+def store() -> Store:
+    return Store(db_path())
+
+
+def stop_with(exc: Exception) -> None:
+    """A store error as a message that says what to do, then stop the page."""
+    msg = str(exc)
+    if "no database" in msg or not Path(db_path()).exists():
+        st.info(f"No results yet at `{db_path()}`. Measure the default experiment with `make demo` (or "
+                "`qwen3lab run experiments/cpu-tiny.yaml --db PATH`), then press Refresh. Another file: "
+                "`qwen3lab dashboard --db PATH`.")
+    else:
+        st.error(f"Could not read `{db_path()}`: {msg}")
+    st.stop()
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _runs(db: str, stamp: float) -> pd.DataFrame:
+    return Store(db).runs()
+
+
+def runs() -> pd.DataFrame:
+    """All runs, newest first, with a `label` column; stops the page with a hint when there are none."""
+    try:
+        df = _runs(db_path(), mtime())
+    except Qwen3LabError as exc:
+        stop_with(exc)
+    if df.empty:
+        stop_with(Qwen3LabError("no database" if not Path(db_path()).exists() else "no runs stored yet"))
+    df = df.copy()
+    df["label"] = [compare.run_label(r) for r in df[["run_id", "chapter", "trial"]].to_dict("records")]
+    return df
+
+
+def mtime() -> float:
+    # A new run rewrites the file (or its WAL): the cache key changes and the next rerun reads it again.
+    p = Path(db_path())
+    return max((f.stat().st_mtime for f in (p, p.with_name(p.name + ".wal")) if f.exists()), default=0.0)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def requests(db: str, run_ids: tuple[str, ...], with_chunks: bool = False) -> pd.DataFrame:
+    df = Store(db).requests(list(run_ids), with_chunks=with_chunks)
+    return df if df is not None else pd.DataFrame()
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def samples(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
+    df = Store(db).samples(list(run_ids))
+    return df if df is not None else pd.DataFrame()
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def run(db: str, run_id: str) -> dict:
+    return Store(db).run(run_id)
+
+
+@st.cache_data(ttl=60, show_spinner=False, max_entries=64)
+def winner(db: str, run_ids: tuple[str, ...], slo_json: str) -> compare.Winner:
+    data = compare.load_runs(Store(db), list(run_ids))
+    return compare.pick_winner(data, SLO.model_validate_json(slo_json))
+
+
+@st.cache_data(ttl=60, show_spinner="Bootstrapping each trial against its baseline…", max_entries=16)
+def claims(db: str, experiment: str, slo_json: str, stamp: float) -> pd.DataFrame:
+    return compare.claims(Store(db), experiment, SLO.model_validate_json(slo_json))
+
+
+def refresh_button() -> None:
+    if st.sidebar.button("Refresh", icon=":material/refresh:", help="Read the database again (new runs of a sweep)"):
+        st.cache_data.clear()
+        st.rerun()
+
+
+# --- what is compared ----------------------------------------------------------------------------------
+def newest_per_trial(df: pd.DataFrame) -> pd.DataFrame:
+    """The newest finished run of each trial (older repeats stay selectable by hand)."""
+    ok = df[df.status.isin(FINISHED)]
+    return ok.drop_duplicates(subset=["experiment", "chapter", "trial"], keep="first")
+
+
+def default_experiment(df: pd.DataFrame) -> str | None:
+    """The newest experiment qwen3lab ran itself (imports and endpoints only when there is nothing else)."""
+    ok = df[df.status.isin(FINISHED) & df.experiment.notna()]
+    own = ok[ok.engine_kind == "vllm"]
+    pick = own if not own.empty else ok
+    return None if pick.empty else str(pick.experiment.iloc[0])
+
+
+def selection_sidebar(df: pd.DataFrame) -> list[str]:
+    """Experiment and runs to compare, kept across pages in st.session_state."""
+    exps = [e for e in df.experiment.dropna().unique()]
+    if not exps:
+        return []
+    exps.append(ALL)
+    if pending := st.session_state.pop("pending_selection", None):  # set by a page before its widgets exist
+        st.session_state.experiment, st.session_state.run_ids = pending
+    if st.session_state.get("experiment") not in exps:
+        st.session_state.experiment = default_experiment(df) or exps[0]
+        st.session_state.pop("run_ids", None)
+    exp = st.sidebar.selectbox("Experiment", exps, key="experiment", on_change=lambda: st.session_state.pop("run_ids", None))
+    mine = df if exp == ALL else df[df.experiment == exp]
+    choices = mine[mine.status.isin(FINISHED)]
+    labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
+              for r in choices.itertuples()}
+    if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):
+        st.session_state.run_ids = list(newest_per_trial(mine).run_id) if exp != ALL else []
+    picked = st.sidebar.multiselect("Runs to compare", list(labels), key="run_ids", format_func=labels.get,
+                                    help="The newest finished run of each trial is picked; add repeats by hand")
+    return picked
+
+
+def compare_runs(experiment: str, run_ids: list[str]) -> None:
+    """Make these the runs to compare (from a page, after the sidebar widgets were drawn) and go to Compare."""
+    st.session_state.pending_selection = (experiment, list(run_ids))
+    st.switch_page("views/compare.py")
+
+
+def slo_from_state(df: pd.DataFrame, run_ids: list[str]) -> SLO:
+    """The SLOs the user set on the Winner page, else those of the experiment that made these runs."""
+    if "slo" in st.session_state:
+        return SLO.model_validate(st.session_state.slo)
+    rows = df[df.run_id.isin(run_ids)]
+    for raw in rows.slo_json.dropna():
+        try:
+            return SLO.model_validate(json.loads(raw))
+        except (ValueError, TypeError):
+            continue
+    return SLO()
+
+
+def slo_text(slo: SLO) -> str:
+    parts = [f"{name} ≤ {v:g} ms" for name, v in (
+        ("P95 TTFT", slo.ttft_p95_ms), ("P95 TPOT", slo.tpot_p95_ms), ("P99 E2EL", slo.e2el_p99_ms),
+        ("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2EL", slo.e2el_ms)) if v is not None]
+    return ", ".join(parts) if parts else "none set (goodput = throughput)"
+
+
+# --- words and numbers ---------------------------------------------------------------------------------
+def num(v, fmt: str = "{:,.1f}", unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return fmt.format(v) + (f" {unit}" if unit else "")
+
+
+def margin_text(w: compare.Winner) -> str:
+    """'+X req/s (95% CI a..b)' and what it means, in words."""
+    if w.margin is None:
+        return "the only run that meets the SLOs" if w.winner else ""
+    m = w.margin
+    return f"{m.estimate:+.2f} req/s (95% CI {m.low:+.2f} .. {m.high:+.2f})"
+
+
+def verdict_text(w: compare.Winner) -> str:
+    if w.winner is None:
+        return "No run meets the SLOs: loosen them, or measure other configurations."
+    if w.runner_up is None:
+        return "Only one run meets the SLOs."
+    if w.within_noise:
+        return (f"Within noise: {w.winner.label} and {w.runner_up.label} cannot be told apart: the 95% interval of "
+                "the difference holds zero. Either is as good; measure longer or repeat to separate them.")
+    return f"{w.winner.label} is ahead of {w.runner_up.label} beyond noise (the 95% interval excludes zero)."
+
+
+def winner_card(w: compare.Winner, slo: SLO) -> None:
+    """The answer first: which run, its goodput, its margin over the runner-up, and whether that is noise."""
+    with st.container(border=True):
+        if w.winner is None:
+            st.markdown("### No winner under these SLOs")
+            st.warning(verdict_text(w))
+            if not w.ranking.empty:
+                near = w.ranking.iloc[0]
+                st.markdown(f"Closest: `{near.label}` with P95 TTFT {num(near.p95_ttft_ms, '{:,.0f}', 'ms')}, "
+                            f"P95 TPOT {num(near.p95_tpot_ms, '{:.1f}', 'ms')}, P99 E2EL "
+                            f"{num(near.p99_e2el_ms, '{:,.0f}', 'ms')}.")
+            st.caption(f"SLOs: {slo_text(slo)}")
+            return
+        top = w.ranking.iloc[0]
+        st.markdown(f"### :material/trophy: Winner: `{w.winner.label}`")
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("Goodput", num(top.goodput, "{:.2f}", "req/s"), help="requests/s meeting every SLO")
+        c2.metric("Output throughput", num(top.output_throughput, "{:,.0f}", "tok/s"))
+        c3.metric("P95 TTFT", num(top.p95_ttft_ms, "{:,.0f}", "ms"))
+        c4.metric("P95 TPOT", num(top.p95_tpot_ms, "{:.1f}", "ms"))
+        if w.runner_up is not None:
+            st.markdown(f"**Margin over `{w.runner_up.label}`:** {margin_text(w)} goodput")
+        (st.info if w.within_noise else st.success)(verdict_text(w))
+        st.caption(f"SLOs: {slo_text(slo)} · run {w.winner.run_id} · recomputed from {len(w.winner.table)} "
+                   "stored requests, no re-run. The interval is the noise within each run; how much a fresh "
+                   "launch of the same configuration moves shows only in repeats of a trial.")
+
+
+def ranking_table(ranking: pd.DataFrame) -> None:
+    show = ranking[["rank", "label", "slo_pass", "goodput", "output_throughput", "request_throughput", "p95_ttft_ms",
+                    "p95_tpot_ms", "p99_e2el_ms", "completed", "failed", "run_id"]]
+    st.dataframe(show, hide_index=True, width="stretch", column_config={
+        "rank": st.column_config.NumberColumn("#", width="small"),
+        "label": "trial", "slo_pass": st.column_config.CheckboxColumn("meets SLOs"),
+        "goodput": st.column_config.NumberColumn("goodput", format="%.2f req/s"),
+        "output_throughput": st.column_config.NumberColumn("output", format="%.0f tok/s"),
+        "request_throughput": st.column_config.NumberColumn("requests", format="%.2f req/s"),
+        "p95_ttft_ms": st.column_config.NumberColumn("P95 TTFT", format="%.0f ms"),
+        "p95_tpot_ms": st.column_config.NumberColumn("P95 TPOT", format="%.1f ms"),
+        "p99_e2el_ms": st.column_config.NumberColumn("P99 E2EL", format="%.0f ms"),
+        "run_id": "run",
+    })
+
+
+def pareto(ranking: pd.DataFrame, slo: SLO):
+    return plots.pareto_figure(ranking, label="label", slo_ttft_ms=slo.ttft_p95_ms or slo.ttft_ms)
+
+
+def legend_below(fig, height: int | None = None):
+    """Side by side charts keep their width for the data: the legend goes under the plot."""
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0), margin=dict(r=10))
+    if height:
+        fig.update_layout(height=height)
+    return fig
+
+
+def export_for(db: str, run_id: str, host: str, port: int) -> export.Export:
+    return export.export_run(run(db, run_id), host=host, port=port)
+
+
+def read_text_tail(path: str | None, max_bytes: int = 200_000) -> str | None:
+    """The end of a log file (logs are long; the end says why a server stopped)."""
+    p = resolve_file(path)
+    if p is None:
+        return None
+    with open(p, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - max_bytes))
+        return f.read().decode(errors="replace")
+
+
+def resolve_file(path: str | None) -> Path | None:
+    """A stored path as written (relative to where the run was started), else beside the database."""
+    if not path:
+        return None
+    for p in (Path(path), Path(db_path()).resolve().parent / path):
+        if p.is_file():
+            return p
+    return None
+
+
+def notebook_html(path: Path) -> str | None:
+    """An executed notebook as HTML (nbconvert comes with Jupyter); None when nbconvert is missing."""
+    try:
+        import nbformat
+        from nbconvert import HTMLExporter
+    except ImportError:
+        return None
+    try:
+        body, _ = HTMLExporter(template_name="classic").from_notebook_node(nbformat.read(str(path), as_version=4))
+    except Exception:  # noqa: BLE001 - an unreadable notebook is still offered for download
+        return None
+    return body

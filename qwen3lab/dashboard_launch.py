@@ -1,0 +1,33 @@
+"""Starting the Streamlit dashboard (dashboard/app.py beside this package) on a chosen address and database."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import Qwen3LabError, require
+
+
+def app_path() -> Path:
+    path = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    if not path.is_file():
+        raise Qwen3LabError(f"no dashboard at {path}: the dashboard ships with the qwen3lab repository. "
+                            "Fix: install qwen3lab from a clone (pip install -e .) and run it from there")
+    return path
+
+
+def dashboard_argv(db: str, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
+    # Headless and without usage statistics: nothing is sent anywhere, and no browser is opened on a server.
+    return [sys.executable, "-m", "streamlit", "run", str(app_path()), "--server.address", host,
+            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--", "--db", str(Path(db).expanduser().resolve())]
+
+
+def run_dashboard(db: str, host: str = "127.0.0.1", port: int = 8501) -> int:
+    require("streamlit", "pip install 'streamlit>=1.40'")
+    print(f"qwen3lab dashboard on http://{host}:{port} reading {db} (Ctrl-C stops it)", flush=True)
+    try:
+        return subprocess.call(dashboard_argv(db, host, port), env={**os.environ, "QWEN3LAB_DB": str(db)})
+    except KeyboardInterrupt:
+        return 0

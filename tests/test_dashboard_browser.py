@@ -1,0 +1,142 @@
+"""End to end in a real browser: `qwen3lab dashboard` on a real DuckDB file, driven in headless Chromium.
+
+Pick runs, set an SLO, see the winner with its margin, export its command, copy it; screenshots of every page
+go to tests/artifacts/ (git-ignored). Needs Debian's chromium (`apt-get install chromium`) and Playwright's
+Python package; no browser download.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import dashdata
+from qwen3lab import compare, engine, export
+from qwen3lab.spec import SLO
+from qwen3lab.store import Store
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "tests" / "artifacts"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no {CHROMIUM}: apt-get install -y chromium"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    db = tmp_path_factory.mktemp("browser") / "dash.duckdb"
+    dashdata.build(db)
+    port = engine.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "qwen3lab.cli", "dashboard", "--db", str(db), "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if engine.http_get(base + "/_stcore/health", timeout=2)[0] == 200:
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out = proc.stdout.read().decode() if proc.poll() is not None else ""
+            pytest.fail(f"the dashboard did not come up on {base}:\n{out}")
+        time.sleep(0.5)
+    yield base, db
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser_page(served):
+    base, _ = served
+    with sync_api.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM,
+                                                   args=FLAGS, headless=True, viewport={"width": 1500, "height": 1400})
+        ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+        page = ctx.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+        ctx.close()
+
+
+def shot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=10_000)
+    except sync_api.TimeoutError:
+        pass  # a page without charts
+    page.wait_for_timeout(1500)
+    path = ARTIFACTS / f"dashboard-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_pick_runs_set_slo_see_winner_export_and_copy(served, browser_page):
+    base, db = served
+    page = browser_page
+    page.goto(base)
+    page.get_by_role("heading", name="Compare runs").wait_for()
+    shot(page, "compare")
+
+    # Pick runs: drop max-num-seqs-4 from the comparison.
+    runs = Store(db).runs(experiment="cpu-tiny", status="ok")
+    drop = runs[runs.trial == "max-num-seqs-4"].iloc[0]
+    page.get_by_role("button", name=f"Remove scheduler/max-num-seqs-4 · {drop.run_id[-6:]}").click()
+    page.wait_for_timeout(1500)
+    kept = [r for r in runs.run_id if r != drop.run_id]
+
+    # Set an SLO on the Winner page and see the winner with its margin.
+    page.get_by_test_id("stTopNav").get_by_role("link", name="Winner", exact=True).click()
+    page.get_by_role("heading", name="Pick the winner under your SLOs").wait_for()
+    ttft = page.get_by_label("P95 TTFT at most (ms)")
+    ttft.fill("5000")
+    page.get_by_label("P95 TPOT at most (ms)").fill("100")
+    page.get_by_role("button", name="Pick the winner").click()
+    slo = SLO(ttft_p95_ms=5000, tpot_p95_ms=100)
+    expected = compare.pick_winner(compare.load_runs(Store(db), kept), slo)
+    page.get_by_text(f"Winner: {expected.winner.label}").wait_for()
+    body = page.locator("[data-testid='stMain']").inner_text()
+    assert "95% CI" in body and "req/s" in body
+    assert ("Within noise" in body) == expected.within_noise
+    assert "max-num-seqs-4" not in page.locator("[data-testid='stDataFrame']").first.inner_text()
+    shot(page, "winner")
+
+    # Export the winner's command and copy it with the code block's own button.
+    page.get_by_role("button", name="Export the winner's launch command").click()
+    page.get_by_role("heading", name="Export the launch command").wait_for()
+    want = export.export_run(Store(db).run(expected.winner.run_id)).shell
+    block = page.locator("[data-testid='stCode']").first
+    block.wait_for()
+    block.hover()
+    block.get_by_role("button", name="Copy to clipboard").click()
+    page.wait_for_timeout(500)
+    copied = page.evaluate("navigator.clipboard.readText()")
+    assert copied == want
+    assert shlex.split(copied)[-4:] == ["--host", "127.0.0.1", "--port", "8000"]
+    shot(page, "export")
+    for tab in ("docker run", "Compose", "Kubernetes"):
+        page.get_by_role("tab", name=tab).click()
+    shot(page, "export-kubernetes")
+
+
+def test_every_page_renders_in_the_browser(served, browser_page):
+    base, _ = served
+    page = browser_page
+    for path, heading in (("runs", "Runs"), ("claims", "Claims: does each knob change help?")):
+        page.goto(f"{base}/{path}")
+        page.get_by_role("heading", name=heading).wait_for()
+        assert not page.locator("[data-testid='stException']").count()
+        shot(page, path)
