@@ -163,7 +163,7 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.Da
     if runs.empty:
         return pd.DataFrame()
     # The newest ok run of each trial stands for it.
-    runs = runs.sort_values("started_at").groupby(["chapter", "trial"], as_index=False).last()
+    runs = runs.sort_values("started_at").drop_duplicates(["chapter", "trial"], keep="last")
     data = {r.run_id: r for r in load_runs(store, list(runs.run_id))}
     recs = []
     for row in runs.to_dict("records"):

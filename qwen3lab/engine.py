@@ -35,6 +35,9 @@ _OOM = re.compile(
     re.IGNORECASE,
 )
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|RuntimeError|Traceback)")
+# vLLM's wrappers around the real cause, which is logged above them.
+_GENERIC = re.compile(r"Engine core initialization failed|^Traceback|EngineDeadError|Engine process failed|"
+                      r"raise |^File ", re.IGNORECASE)
 _KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _LIVE: set["Server"] = set()
@@ -167,7 +170,8 @@ class Server:
         if oom:
             return "oom", f"{oom[-1].strip()[:400]} ({how})"
         errors = [line.strip() for line in tail if _ERROR_LINE.search(line) and "Warning" not in line]
-        detail = errors[-1][:400] if errors else "no error in the log"
+        specific = [e for e in errors if not _GENERIC.search(e)]
+        detail = (specific or errors or ["no error in the log"])[-1][:400]
         return "crashed", f"{how}; last error: {detail}"
 
     def read_info(self) -> None:

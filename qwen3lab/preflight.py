@@ -67,6 +67,15 @@ def _cpu_flags() -> frozenset[str] | None:
     return None
 
 
+def machine_mismatch(gpu_id: str | None, machine: Machine) -> str | None:
+    """Why this machine cannot run an experiment written for a GPU (None when it can): every trial is then
+    stored as skipped, and judged again on a machine that can run it."""
+    if gpu_id and gpu_id != "cpu" and machine.device == "cpu":
+        return (f"this experiment is written for {gpu_id}; this machine has no GPU (run it there, or run "
+                "experiments/cpu-tiny.yaml here)")
+    return None
+
+
 @dataclass
 class Verdict:
     trial: Trial

@@ -223,13 +223,19 @@ FINISHED = ("ok", "skipped")
 FAILED = ("failed", "oom", "timeout", "crashed")
 
 
-def previous_run(store: Store, trial: Trial, retry_failed: bool) -> tuple[str, str] | None:
-    """(run_id, status) of an earlier run that makes this trial done; None when it must run (again)."""
+def previous_run(store: Store, trial: Trial, retry_failed: bool,
+                 runnable_here: bool = False) -> tuple[str, str] | None:
+    """(run_id, status) of an earlier run that makes this trial done; None when it must run (again).
+
+    A trial skipped earlier is run when it is `runnable_here` (it could not run where it was judged before).
+    """
     df = store.trial_runs(trial.key)
     if df is None or df.empty:
         return None
     done = df[df.status.isin(FINISHED + (() if retry_failed else FAILED))]
-    return None if done.empty else (str(done.run_id.iloc[-1]), str(done.status.iloc[-1]))
+    if done.empty or (runnable_here and done.status.iloc[-1] == "skipped"):
+        return None
+    return str(done.run_id.iloc[-1]), str(done.status.iloc[-1])
 
 
 def run_experiment(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
@@ -246,6 +252,8 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
     exp = xp.load(path)
     trials = xp.expand(exp, only)
     machine = preflight.Machine.for_gpu(exp.gpu) if dry_run and exp.gpu else preflight.Machine.local()
+    if why := preflight.machine_mismatch(exp.gpu, machine):
+        trials = [t if t.skip_reason else t.model_copy(update={"skip_reason": why}) for t in trials]
     verdicts = preflight.check_all(trials, machine, exp.gpu)
     if dry_run:
         console.print(report.dry_run_table(verdicts, machine))
@@ -261,9 +269,9 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
         overall = bar.add_task(f"[bold]{exp.name}", total=len(trials))
-        for trial in trials:
+        for trial, verdict in zip(trials, verdicts):
             label = f"{trial.chapter}/{trial.name}"
-            done = None if fresh else previous_run(store, trial, retry_failed)
+            done = None if fresh else previous_run(store, trial, retry_failed, runnable_here=verdict.ok)
             if done:
                 results.append(TrialResult(trial, done[0], done[1], "already measured (resumed)"))
                 bar.console.print(f"[dim]= {label}: {done[1]} earlier (run {done[0]})[/]")

@@ -72,16 +72,6 @@ def setup_plotly() -> None:
     pio.renderers.default = "plotly_mimetype+notebook"
 
 
-def machine_mismatch(exp: xp.Experiment, machine: preflight.Machine) -> str | None:
-    """Why this machine cannot run an experiment written for another device (None when it can)."""
-    if exp.gpu and exp.gpu != "cpu" and machine.device == "cpu":
-        return (f"this experiment is written for {exp.gpu}; this machine has no GPU (run it there, or run "
-                "experiments/cpu-tiny.yaml here)")
-    if exp.gpu == "cpu" and machine.device == "cuda":
-        return None  # the CPU experiment runs wherever vLLM's CPU build is installed
-    return None
-
-
 def small_run(trial: Trial, num_requests: int | None = None, warmup_requests: int | None = None,
               duration_s: float | None = None) -> Trial:
     """A trial with the small-run overrides a notebook parameter asks for (a different trial key: a small
@@ -170,9 +160,7 @@ class ChapterRun:
         self.results = []
         for trial, verdict in zip(self.trials, self.verdicts):
             label = f"{trial.chapter}/{trial.name}"
-            done = runner.previous_run(self.store, trial, retry_failed)
-            if done and done[1] == "skipped" and not verdict.skip:
-                done = None  # it could not run where it was judged before; it can here
+            done = runner.previous_run(self.store, trial, retry_failed, runnable_here=not verdict.skip)
             if done:
                 log(f"= {label}: {done[1]} earlier (run {done[0]}), not run again")
                 self.results.append(runner.TrialResult(trial, done[0], done[1], "already measured (resumed)"))
@@ -274,7 +262,7 @@ def open_chapter(experiment: str | os.PathLike, chapter: str, db: str = "qwen3la
         raise SpecError("chapter", chapter, ", ".join(chapters), f"name a chapter of {experiment}")
     machine = machine or preflight.Machine.local()
     trials = [small_run(t, num_requests, warmup_requests, duration_s) for t in xp.expand(exp, [chapter])]
-    if why := machine_mismatch(exp, machine):
+    if why := preflight.machine_mismatch(exp.gpu, machine):
         trials = [t if t.skip_reason else t.model_copy(update={"skip_reason": why}) for t in trials]
     verdicts = preflight.check_all(trials, machine, exp.gpu)
     return ChapterRun(exp, str(experiment), chapter, chapters[chapter], trials, verdicts, machine, Store(db),
