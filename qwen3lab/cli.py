@@ -16,8 +16,12 @@ from .store import DEFAULT_DB
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Measure vLLM launch configurations, store every request, pick the winner under SLOs.")
 console = Console()
+if not console.is_terminal:  # a pipe or a log file gets tables and launch commands whole, not cut at 80 columns
+    console = Console(width=220)
 err = Console(stderr=True)
 DB = typer.Option(DEFAULT_DB, "--db", help="DuckDB file holding runs, requests and samples.")
+DRY_RUN = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing.")
+RETRY_FAILED = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed.")
 
 
 def _fail(exc: Exception) -> None:
@@ -36,8 +40,8 @@ def run(
     db: str = DB,
     only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these chapters (repeatable)."),
     runs_dir: Path = typer.Option(Path("runs"), help="Where server logs and notebooks are kept."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed."),
+    dry_run: bool = DRY_RUN,
+    retry_failed: bool = RETRY_FAILED,
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
@@ -58,8 +62,8 @@ def sweep(
     db: str = DB,
     only: Optional[list[str]] = typer.Option(None, "--only", help="Only these chapters (repeatable or comma-separated)."),
     runs_dir: Path = typer.Option(Path("runs"), help="Where executed notebooks and server logs are kept."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed."),
+    dry_run: bool = DRY_RUN,
+    retry_failed: bool = RETRY_FAILED,
     param: Optional[list[str]] = typer.Option(None, "-p", "--param", help="Notebook parameter NAME=VALUE, e.g. -p num_requests=8."),
 ):
     """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
@@ -68,9 +72,7 @@ def sweep(
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     try:
         if dry_run:
-            # Launch commands are long: a pipe or a file gets them whole, not folded at 80 columns.
-            wide = console if console.is_terminal else Console(width=220)
-            result = sw.dry_run(experiment, chapters, console=wide)
+            result = sw.dry_run(experiment, chapters, console=console)
         else:
             result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
                               console=console)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from rich import box
 from rich.table import Table
 
 from .errors import SpecError
@@ -14,19 +15,35 @@ def _num(v, fmt="{:.1f}") -> str:
     return fmt.format(v)
 
 
-def _metric_columns(t: Table) -> None:
-    for name in ("ok/total", "out tok/s", "req/s", "TTFT p50", "TTFT p95", "TPOT p50", "ITL p50", "E2EL p99", "goodput"):
-        t.add_column(name, justify="right")
+METRICS = ("ok/\ntotal", "out\ntok/s", "TTFT\np50", "TTFT\np95", "TPOT\np50", "E2EL\np99", "good-\nput")
+
+
+def _run_table(title: str, labels: tuple[str, ...]) -> Table:
+    """Label columns, the key metrics, then the run id: no vertical rules and two-line headers, so a run's row
+    fits in about 110 columns; narrower, the labels fold and the metrics stay whole."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in labels:
+        t.add_column(name, overflow="fold")
+    for name in METRICS:
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_column("run", overflow="fold")
+    return t
 
 
 def _metric_cells(s: dict | None) -> list[str]:
     if not s:
-        return ["-"] * 9
+        return ["-"] * len(METRICS)
     total = (s.get("completed") or 0) + (s.get("failed") or 0)
     return [f"{int(s.get('completed') or 0)}/{int(total)}", _num(s.get("output_throughput")),
-            _num(s.get("request_throughput"), "{:.2f}"), _num(s.get("median_ttft_ms")), _num(s.get("p95_ttft_ms")),
-            _num(s.get("median_tpot_ms"), "{:.2f}"), _num(s.get("median_itl_ms"), "{:.2f}"),
-            _num(s.get("p99_e2el_ms")), _num(s.get("request_goodput"), "{:.2f}")]
+            _num(s.get("median_ttft_ms"), "{:.0f}"),
+            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
+            _num(s.get("p99_e2el_ms"), "{:.0f}"), _num(s.get("request_goodput"), "{:.2f}")]
+
+
+def _the_same(df, column: str) -> str | None:
+    """The one value every row shares, for the title instead of a column."""
+    values = set(df[column].dropna().astype(str)) if column in df else set()
+    return values.pop() if len(values) == 1 and df[column].notna().all() else None
 
 
 def results_table(results, db: str) -> Table:
@@ -34,26 +51,28 @@ def results_table(results, db: str) -> Table:
 
     rows = Store(db).runs(run_ids=[r.run_id for r in results])
     by_id = {r["run_id"]: r for r in rows.to_dict("records")} if not rows.empty else {}
-    t = Table(title="Results (latencies in ms)")
-    for name in ("chapter", "trial", "status"):
-        t.add_column(name)
-    _metric_columns(t)
-    t.add_column("run")
+    t = _run_table("Results (latencies in ms)", ("trial", "status"))
     for r in results:
-        t.add_row(r.trial.chapter, r.trial.name, r.status, *_metric_cells(by_id.get(r.run_id)), r.run_id)
+        t.add_row(f"{r.trial.chapter}/{r.trial.name}", r.status, *_metric_cells(by_id.get(r.run_id)), r.run_id)
     return t
 
 
 def runs_table(df) -> Table:
-    t = Table(title=f"{len(df)} runs (latencies in ms)")
-    for name in ("run", "experiment", "chapter", "trial", "status"):
-        t.add_column(name)
-    _metric_columns(t)
-    t.add_column("vLLM")
-    t.add_column("reason", overflow="fold", max_width=40)
+    experiment = None if df.empty else _the_same(df, "experiment")
+    vllm = None if df.empty else _the_same(df, "vllm_version")
+    title = f"{len(df)} runs" + (f" of {experiment}" if experiment else "") + (f", vLLM {vllm}" if vllm else "")
+    labels = (() if experiment else ("experiment",)) + ("trial", "status")
+    t = _run_table(f"{title} (latencies in ms)", labels)
+    if not vllm:
+        t.add_column("vLLM")
+    reasons = not df.empty and df.reason.notna().any()
+    if reasons:
+        t.add_column("reason", overflow="fold", max_width=40)
     for row in df.to_dict("records") if not df.empty else []:
-        t.add_row(row["run_id"], str(row.get("experiment")), str(row.get("chapter")), str(row.get("trial")),
-                  row["status"], *_metric_cells(row), str(row.get("vllm_version") or "-"), str(row.get("reason") or ""))
+        cells = ([] if experiment else [str(row.get("experiment"))])
+        cells += [f"{row.get('chapter')}/{row.get('trial')}", row["status"], *_metric_cells(row), row["run_id"]]
+        cells += [] if vllm else [str(row.get("vllm_version") or "-")]
+        t.add_row(*cells, *([str(row.get("reason") or "")] if reasons else []))
     return t
 
 
