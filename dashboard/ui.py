@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from qwen3lab import compare, export, plots
+from qwen3lab import compare, export, planner, plots
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.spec import SLO
 from qwen3lab.store import DEFAULT_DB, Store
@@ -91,6 +91,17 @@ def samples(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def run(db: str, run_id: str) -> dict:
     return Store(db).run(run_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def ceilings(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
+    """Each run's roofline ceilings and efficiency (planner.run_ceiling), or why it has none."""
+    samp = samples(db, run_ids)
+    rows = []
+    for rid in run_ids:
+        mine = samp[samp.run_id == rid] if not samp.empty else None
+        rows.append({"run_id": rid, **planner.run_ceiling(run(db, rid), mine)})
+    return pd.DataFrame(rows)
 
 
 @st.cache_data(ttl=60, show_spinner=False, max_entries=64)

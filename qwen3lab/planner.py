@@ -580,7 +580,8 @@ def run_ceiling(run: dict, samples: Any = None, profile: dict | None = None) -> 
     config = run.get("config") or {}
     if gpu is None:
         where = run.get("gpu") or ""
-        why = ("the run used vLLM's CPU engine, which has no roofline here" if not where or "CPU" in where
+        why = ("the run does not record its GPU" if not where
+               else "the run used vLLM's CPU engine, which has no roofline here" if "CPU" in where
                else f"{where} is not in the GPU catalogue (qwen3lab.hardware.CATALOGUE)")
         return {"available": False, "why": why}
     info = model_info(config.get("model") or run.get("model") or "")

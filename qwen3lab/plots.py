@@ -35,8 +35,10 @@ def pareto_figure(runs: pd.DataFrame, label: str = "trial", slo_ttft_ms: float |
     slo_ttft_ms draws the TTFT limit: runs right of it miss the SLO whatever their throughput.
     """
     go = _go()
-    df = runs.dropna(subset=["p95_ttft_ms", "output_throughput"]).copy()
     fig = go.Figure()
+    if runs.empty:  # an experiment with no runs yet has no columns either
+        return _empty(fig, "No finished runs to compare yet")
+    df = runs.dropna(subset=["p95_ttft_ms", "output_throughput"]).copy()
     if df.empty:
         return _empty(fig, "No finished runs to compare yet")
     df["front"] = pareto_front(df)
@@ -147,6 +149,25 @@ def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
     fig.add_vline(x=0, line_dash="dot")
     fig.update_layout(title=f"Change in {metric} against the baseline (95% interval)", xaxis_title="change (%)",
                       height=180 + 60 * len(df), yaxis=dict(type="category", automargin=True), showlegend=False)
+    return fig
+
+
+def ceiling_figure(ceilings: pd.DataFrame, labels: dict[str, str]):
+    """Measured output throughput beside its roofline ceiling, one pair of bars a run, efficiency on top.
+
+    ceilings: rows of `planner.run_ceiling` with a run_id column (only those with a ceiling are drawn)."""
+    go = _go()
+    df = ceilings[ceilings.available.astype(bool)] if not ceilings.empty else ceilings
+    fig = go.Figure()
+    if df.empty:
+        return _empty(fig, "No ceiling for these runs (CPU engine, or a GPU not in the catalogue)")
+    names = [labels.get(r, r) for r in df.run_id]
+    fig.add_trace(go.Bar(x=names, y=df.output_tok_s_ceiling, name="ceiling (roofline)", marker_color="#c7c7c7"))
+    fig.add_trace(go.Bar(x=names, y=df.output_tok_s, name="measured", marker_color="#1f77b4",
+                         text=[f"{e:.0%}" if e == e else "" for e in df.output_efficiency.astype(float)],
+                         textposition="outside"))
+    fig.update_layout(barmode="group", title="Output throughput against its ceiling (efficiency on the bars)",
+                      yaxis_title="output tokens/s", height=400)
     return fig
 
 

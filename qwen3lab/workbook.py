@@ -309,30 +309,23 @@ def environment_tables(env: dict[str, Any]) -> dict[str, pd.DataFrame]:
 
 
 def what_fits(experiment: str | None = None, gpus: tuple[str, ...] = ("a100-80g", "rtx4090")) -> pd.DataFrame:
-    """Memory fit and KV capacity of each trial (or of the Qwen3-14B variants) from the planner when it exists.
-
-    Without the planner, the weights and KV-per-token arithmetic from the model's config.json alone.
-    """
+    """The planner's verdict on each trial of the experiment on its GPU (for the CPU experiment: the Qwen3-14B
+    checkpoints on an A100 80GB and an RTX 4090): memory fit, KV capacity, and on a GPU the roofline ceilings on
+    decode throughput and TTFT at the trial's batch and lengths."""
+    from . import planner
     from .models import model_info
     from .spec import EngineConfig, Workload
 
-    try:
-        from . import planner
-
-        plan_trial = planner.plan_trial
-    except (ImportError, AttributeError):
-        plan_trial = None
     cases: list[tuple[str, str, Any, Any]] = []
     exp = xp.load(experiment) if experiment else None
+    on_cpu = exp is None or (exp.gpu or "cpu") == "cpu"
     if exp is not None:
         for t in xp.expand(exp):
-            on_cpu = (exp.gpu or "cpu") == "cpu"
             if t.engine.kind == "vllm" and not t.tags.get("expect") and (not on_cpu or t.chapter == "baseline"):
                 cases.append((exp.gpu or "cpu", f"{t.chapter}/{t.name}", t.engine, t.workload))
-    if exp is None or (exp.gpu or "cpu") == "cpu":
+    if on_cpu:
         for gpu in gpus:
-            for variant, model in (("bf16", "builtin:qwen3-14b"), ("fp8", "builtin:qwen3-14b-fp8"),
-                                   ("awq", "builtin:qwen3-14b-awq")):
+            for variant, model in planner.QWEN3_14B_VARIANTS.items():
                 for kv in ("auto", "fp8"):
                     cases.append((gpu, f"qwen3-14b {variant}, kv {kv}", EngineConfig(model=model, kv_cache_dtype=kv),
                                   Workload(mix="recipe-mix")))
@@ -343,48 +336,18 @@ def what_fits(experiment: str | None = None, gpus: tuple[str, ...] = ("a100-80g"
         if info is None:
             rows.append(row | {"fits": "unknown (architecture not cached)"})
             continue
-        if plan_trial is not None:
-            try:
-                plan = plan_trial(cfg, info, gpu, workload, env=cfg.env)
-                row |= {"fits": "no: " + plan["does_not_fit"] if plan.get("does_not_fit") else "yes",
-                        "KV capacity (tokens)": plan.get("kv_capacity_tokens"), "plan": plan.get("summary")}
-            except Exception as exc:  # noqa: BLE001 - a planner error is shown, not fatal
-                row["fits"] = f"planner error: {type(exc).__name__}: {exc}"
-        else:
-            row |= _weights_estimate(info, cfg, gpu)
-        rows.append(row)
+        try:
+            plan = planner.plan_trial(cfg, info, gpu, workload, env=cfg.env)
+        except Exception as exc:  # noqa: BLE001 - a planner error is shown in its row, not fatal to the notebook
+            rows.append(row | {"fits": f"planner error: {type(exc).__name__}: {exc}"})
+            continue
+        dec, pre = plan.get("decode_ceiling") or {}, plan.get("prefill_ceiling") or {}
+        rows.append(row | {"fits": "no: " + plan["does_not_fit"] if plan.get("does_not_fit") else "yes",
+                           "KV capacity (tokens)": plan.get("kv_capacity_tokens"),
+                           "decode ceiling (tok/s)": dec.get("tokens_per_s"),
+                           "per stream (tok/s)": dec.get("per_stream_tokens_per_s"),
+                           "TTFT floor (ms)": pre.get("ms"), "plan": plan.get("summary")})
     return pd.DataFrame(rows)
-
-
-def planner_available() -> bool:
-    try:
-        from . import planner
-
-        return hasattr(planner, "plan_trial")
-    except ImportError:
-        return False
-
-
-def _weights_estimate(info, cfg, gpu: str) -> dict[str, Any]:
-    """Weights (linear layers at the checkpoint's bits, embeddings and head at 16) and KV per token."""
-    from . import hardware
-
-    bits = {"fp8": 8, "awq": 4}.get(info.quant_method or "", 16)
-    if cfg.quantization == "fp8":
-        bits = 8
-    embed = info.vocab_size * info.hidden_size * (1 if info.tie_word_embeddings else 2)
-    weights = ((info.num_parameters - embed) * bits / 8 + embed * 2) / 2**30
-    kv_bytes = 1 if (cfg.kv_cache_dtype or "auto").startswith("fp8") else 2
-    kv_per_token = info.num_layers * 2 * info.num_kv_heads * info.head_dim * kv_bytes
-    row = {"weights GiB (approx.)": round(weights, 1), "KV KiB/token": kv_per_token / 1024,
-           "KV GiB per 131072-token sequence": round(kv_per_token * 131072 / 2**30, 1)}
-    if gpu != "cpu":
-        mem = hardware.get_gpu(gpu).memory_gib * 0.92
-        row["fits"] = (f"weights fit ({weights:.1f} of {mem:.1f} GiB at 0.92); KV not judged without the planner"
-                       if weights < mem else f"no: weights {weights:.1f} GiB > {mem:.1f} GiB (0.92 of the card)")
-    else:
-        row["fits"] = "CPU engine: KV space is VLLM_CPU_KVCACHE_SPACE"
-    return row
 
 
 # --- 20 quantization --------------------------------------------------------------------------------------

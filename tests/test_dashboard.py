@@ -12,7 +12,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from tests import dashdata  # noqa: E402
-from qwen3lab import compare, export  # noqa: E402
+from qwen3lab import compare, export, planner  # noqa: E402
 from qwen3lab.spec import SLO  # noqa: E402
 from qwen3lab.store import Store  # noqa: E402
 
@@ -70,6 +70,34 @@ def test_compare_is_the_landing_page(app, db):
         at.run()
         assert not at.exception
         assert len(at.get("plotly_chart")) == 2, tab  # Pareto and the open tab's chart
+    at.session_state["compare_tab"] = "Roofline"
+    at.run()
+    assert "No roofline for these runs: the run used vLLM's CPU engine" in texts(at)
+
+
+def test_roofline_tab_shows_ceiling_and_efficiency_where_the_run_has_a_gpu(app, tmp_path, monkeypatch):
+    # The fixture's runs are CPU runs (no roofline); one A100 run's summary, stored the way the runner stores it,
+    # gets a ceiling. Its own file, so the other tests' runs stay as they are.
+    path = tmp_path / "gpu.duckdb"
+    store = dashdata.build(path, with_extras=False)
+    cpu_run = cpu_tiny_runs(path)[0]
+    summary = {"completed": 100, "failed": 0, "total_input_tokens": 51200, "total_output_tokens": 12800,
+               "output_throughput": 300.0, "median_tpot_ms": 30.0, "median_ttft_ms": 150.0, "duration": 42.7}
+    gpu_run = store.begin_run(experiment="a100-check", chapter="baseline", trial="bf16", engine_kind="vllm",
+                              model="builtin:qwen3-14b", gpu="1x NVIDIA A100-SXM4-80GB",
+                              config_json={"model": "builtin:qwen3-14b"}, workload_json={"concurrency": 8})
+    store.finish_run(gpu_run, "ok", summary=summary)
+    monkeypatch.setenv("QWEN3LAB_DB", str(path))
+    at = app(run_ids=[cpu_run, gpu_run], experiment="(all experiments)", compare_tab="Roofline")
+    assert len(at.get("plotly_chart")) == 2  # Pareto and the ceiling bars
+    table = at.dataframe[-1].value
+    want = planner.run_ceiling(store.run(gpu_run))
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row.GPU == "a100-80g-sxm" and row.batch == 8 and row.bound == want["bound"]
+    assert row["ceiling tok/s"] == pytest.approx(want["output_tok_s_ceiling"])
+    assert row.efficiency == f"{300.0 / want['output_tok_s_ceiling']:.0%}"
+    assert "no ceiling (the run used vLLM's CPU engine" in texts(at)
 
 
 def test_winner_page_ranks_under_the_users_slos(app, db):

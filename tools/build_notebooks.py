@@ -131,15 +131,14 @@ workbook.say("One NUMA node: binding cannot change anything on this host (see 70
     md("## The vLLM build"),
     code('tables["build"]'),
     md('''\
-## What fits
+## What fits, and the ceilings
 
-From the planner (`qwen3lab.planner.plan_trial`) when it is installed: memory fit and KV capacity of every trial
-of the experiment on its GPU (for the CPU experiment: the Qwen3-14B checkpoints on an A100 80GB and an RTX 4090).
-Without the planner, the weights and KV arithmetic from each model's config.json.'''),
-    code('''\
-fits = workbook.what_fits(experiment)
-print("planner:", "available" if workbook.planner_available() else "not available on this install")
-fits'''),
+From the planner (`qwen3lab.planner.plan_trial`): memory fit and KV capacity of every trial of the experiment on
+its GPU (for the CPU experiment: the Qwen3-14B checkpoints on an A100 80GB and an RTX 4090), and on a GPU the
+roofline ceilings at the trial's batch and lengths: decode tokens/s (bytes each step reads over the bandwidth,
+or FLOPs over the tensor rate, whichever is slower) and the TTFT floor. Each run's efficiency against them is on
+the dashboard's Compare page (Roofline tab).'''),
+    code('workbook.what_fits(experiment)'),
 ])
 
 BASELINE = chapter_notebook("10", "baseline", "Baseline: vLLM's defaults", '''

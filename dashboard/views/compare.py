@@ -1,4 +1,5 @@
-"""Compare: the answer first (Pareto chart, winner card), then latency CDFs, request classes, server and GPU."""
+"""Compare: the answer first (Pareto chart, winner card), then latency CDFs, request classes, server, GPU, roofline."""
+import pandas as pd
 import streamlit as st
 
 from dashboard import ui
@@ -59,9 +60,37 @@ def gpu_samples():
     st.caption("NVML samples of the GPU the server ran on (none on a machine without an NVIDIA GPU).")
 
 
+def pct(v) -> str:
+    return "-" if v is None or v != v else f"{v:.0%}"
+
+
+def roofline():
+    ceil = ui.ceilings(ui.db_path(), tuple(ids))
+    have = ceil[ceil.available.astype(bool)].reset_index(drop=True)
+    if have.empty:
+        st.info("No roofline for these runs: " + "; ".join(sorted(set(ceil.why.dropna()))) + ". "
+                "`qwen3lab plan --gpu a100-80g` shows the ceilings a GPU would give.")
+        return
+    st.plotly_chart(plots.ceiling_figure(have, labels), width="stretch", key="roofline")
+    st.dataframe(pd.DataFrame({
+        "run": [labels.get(r, r) for r in have.run_id], "GPU": have.gpu, "batch": have.batch.round(1),
+        "batch from": have.batch_source, "bound": have.bound,
+        "output tok/s": have.output_tok_s, "ceiling tok/s": have.output_tok_s_ceiling,
+        "efficiency": have.output_efficiency.map(pct),
+        "decode step ≥ (ms)": have.decode_step_ms_ceiling, "TPOT efficiency": have.tpot_efficiency.map(pct),
+        "TTFT ≥ (ms)": have.ttft_ms_ceiling, "TTFT efficiency": have.ttft_efficiency.map(pct),
+    }), hide_index=True, width="stretch", key="roofline_table")
+    st.caption("Ceiling: the larger of (weights + KV bytes each decode step reads) / memory bandwidth and "
+               "FLOPs / tensor rate, from the GPU catalogue's datasheet figures; efficiency = measured / ceiling "
+               "(TPOT and TTFT: floor / measured). A figure above 100% means the catalogue or the run is wrong.")
+    for rid, why in zip(ceil.run_id, ceil.why) if "why" in ceil else []:
+        if isinstance(why, str):
+            st.caption(f"{labels.get(rid, rid)}: no ceiling ({why}).")
+
+
 # Only the open tab is drawn and only its rows are read: the page stays fast on a big store.
 SECTIONS = {"Latency CDFs": latency_cdfs, "By request class": request_classes, "Server metrics": server_metrics,
-            "GPU": gpu_samples}
+            "GPU": gpu_samples, "Roofline": roofline}
 for tab, draw in zip(st.tabs(list(SECTIONS), key="compare_tab", on_change="rerun"), SECTIONS.values()):
     if tab.open:
         with tab:
