@@ -41,7 +41,8 @@ def test_run_end_to_end_then_resume(tmp_path):
     assert by_trial["awq-needs-gpu"]["status"] == "skipped" and "GPU" in by_trial["awq-needs-gpu"]["reason"]
     for name in ("eager-seqs-4", "eager-seqs-32"):
         run = by_trial[name]
-        assert run["status"] == "ok" and run["completed"] == 30 and run["failed"] == 0
+        assert run["status"] == "ok", f"{name}: {run['status']}: {run['reason']} (log {run['log_path']})"
+        assert run["completed"] == 30 and run["failed"] == 0
         assert run["vllm_version"] and run["torch_version"] and run["config_hash"] and run["host"]
         assert run["launch_command"].startswith("VLLM_CPU_KVCACHE_SPACE=1 vllm serve builtin:qwen3-tiny")
         assert run["vllm_kv_tokens"] > 0
