@@ -128,7 +128,10 @@ def test_runs_page_filters_and_shows_reasons(app, db):
     at = app("views/runs.py")
     table = at.dataframe[0].value
     assert len(table) == len(Store(db).runs())
-    assert {"output_throughput", "p95_ttft_ms", "log", "notebook", "reason"} <= set(table.columns)
+    assert {"output_throughput", "p95_ttft_ms", "log", "notebook", "reason", "planner_kv_tokens",
+            "vllm_kv_tokens"} <= set(table.columns)
+    ok = table[table.status == "ok"]
+    assert (ok.vllm_kv_tokens > 0).any()  # the planner's capacity stands beside vLLM's
     assert "block_size 8 is not supported" in texts(at) and "FP8 weights need" in texts(at)
     at.multiselect(key="filter_status").set_value(["failed", "skipped"])
     at.run()
