@@ -95,7 +95,7 @@ def test_roofline_tab_shows_ceiling_and_efficiency_where_the_run_has_a_gpu(app, 
     assert len(table) == 1
     row = table.iloc[0]
     assert row.GPU == "a100-80g-sxm" and row.batch == 8 and row.bound == want["bound"]
-    assert row["ceiling tok/s"] == pytest.approx(want["output_tok_s_ceiling"])
+    assert row["ceiling tok/s"] == pytest.approx(want["output_tok_s_ceiling"], abs=0.05)
     assert row.efficiency == f"{300.0 / want['output_tok_s_ceiling']:.0%}"
     assert "no ceiling (the run used vLLM's CPU engine" in texts(at)
 
