@@ -20,7 +20,13 @@ from typing import Any
 from .errors import Qwen3LabError
 
 DEFAULT_DB = "qwen3lab.duckdb"
-_MIGRATION_LOCK = threading.Lock()  # threads of one process share DuckDB's database instance
+# Threads of a process share DuckDB's database instance of a file, and one thread opening a connection while
+# another closes the last one fails (seen in a sweep: "Table Function with name python_arrow_scan does not
+# exist" when the request flusher and the runner wrote together). So opening, closing and migrating take this
+# per-file lock; queries on open connections still run side by side. Other processes are kept apart by
+# DuckDB's file lock (see connect).
+_FILE_LOCKS: dict[str, threading.RLock] = {}
+_FILE_LOCKS_GUARD = threading.Lock()
 LOCK_WAIT_S = 30.0
 
 # Key figures copied out of the summary into columns, so listing runs needs no JSON parsing.
@@ -85,6 +91,8 @@ class Store:
     def connect(self, read_only: bool = False) -> Iterator[Any]:
         import duckdb
 
+        with _FILE_LOCKS_GUARD:
+            lock = _FILE_LOCKS.setdefault(os.path.realpath(self.path), threading.RLock())
         if read_only and not Path(self.path).exists():
             raise StoreError(f"no database at {self.path}: run an experiment first (qwen3lab run ...) or pass --db")
         if not read_only and not self._migrated:
@@ -94,7 +102,8 @@ class Store:
         delay = 0.02
         while True:
             try:
-                con = duckdb.connect(self.path, read_only=read_only)
+                with lock:
+                    con = duckdb.connect(self.path, read_only=read_only)
                 break
             except duckdb.ConnectionException as exc:
                 # Another thread of this process has the file open in the other mode. A reader reads through
@@ -113,20 +122,22 @@ class Store:
                 delay = min(delay * 2, 0.5)
         try:
             if not read_only and not self._migrated and not reading:
-                with _MIGRATION_LOCK:
+                with lock:  # two Stores of this process opening a new file migrate one after the other
                     self._migrate(con)
             yield con
         finally:
-            con.close()
+            with lock:
+                con.close()
 
     def _migrate(self, con) -> None:
         con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER, applied_at TIMESTAMPTZ)")
-        have = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+        # fetchall, not fetchone: DuckDB 2 refuses other work (register) on a connection with an unfinished result
+        have = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()[0][0]
         if have > SCHEMA_VERSION:
             raise StoreError(f"{self.path} has schema v{have}, newer than this qwen3lab (v{SCHEMA_VERSION}): upgrade qwen3lab")
         for version in range(have + 1, SCHEMA_VERSION + 1):
             con.execute("BEGIN")
-            if con.execute("SELECT count(*) FROM schema_version WHERE version = ?", [version]).fetchone()[0]:
+            if con.execute("SELECT count(*) FROM schema_version WHERE version = ?", [version]).fetchall()[0][0]:
                 con.execute("ROLLBACK")  # another Store in this process got there first
                 continue
             con.execute(MIGRATIONS[version - 1])
@@ -136,7 +147,7 @@ class Store:
 
     def schema_version(self) -> int:
         with self.connect() as con:
-            return con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+            return con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0]
 
     # --- writing a run --------------------------------------------------------------------------------
     def begin_run(self, **fields: Any) -> str:

@@ -1,9 +1,10 @@
-"""The DuckDB store on a real file: schema, a run's life, and a reader beside a writer in another process."""
+"""The DuckDB store on a real file: schema, a run's life, a reader beside a writer in another process, threads together."""
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+import threading
 
 import duckdb
 import pytest
@@ -68,3 +69,28 @@ def test_reader_waits_for_a_writer_in_another_process(store):
     store.update_run(run_id, status="ok")
     holder.wait(timeout=10)
     assert store.run(run_id)["status"] == "ok"
+
+
+def test_threads_of_one_process_write_and_read_together(tmp_path):
+    # The runner's request flusher writes from its own thread while the runner writes samples and the dashboard's
+    # sessions read: without one connection at a time per file, DuckDB fails ("python_arrow_scan does not exist").
+    path = tmp_path / "threads.duckdb"
+    run_id = Store(path).begin_run(experiment="threads", trial="t")
+    errors: list[str] = []
+
+    def work(worker: int, n: int = 400) -> None:
+        store = Store(path)  # a Store of its own: its first call migrates, then registers an Arrow table
+        for i in range(n):
+            try:
+                store.add_samples(run_id, [(float(i), f"w{worker}", "m", 1.0)])
+                store.runs()
+            except Exception as exc:  # noqa: BLE001 - collected, the assertion names them
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert len(Store(path).samples([run_id])) == 5 * 400
