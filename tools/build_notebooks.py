@@ -299,7 +299,7 @@ plots.timeseries_figure(ch.samples(), ch.labels, {"vllm:kv_cache_usage_perc": "K
 (ch.say("No GPU here: memory over time cannot be shown (no NVML samples); vLLM's KV cache usage is shown instead.")
  if ch.machine.device == "cpu" else None)'''),
 ], params_extra='''
-duration_s = None  # soak length in seconds (None: the experiment's; the recipes claim 72 h = 259200)
+duration_s = None  # soak length in seconds (None: the experiment's; the recipes claim 72 h, 259200 s)
 window_s = 10.0  # width of the latency windows''', setup_extra=", duration_s=duration_s")
 
 REPORT = notebook([
