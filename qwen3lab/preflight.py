@@ -67,6 +67,14 @@ def _cpu_flags() -> frozenset[str] | None:
     return None
 
 
+def skip_if_mismatched(trials: list, gpu_id: str | None, machine: Machine) -> list:
+    """The trials, each skipped with `machine_mismatch`'s reason when this machine cannot run the experiment
+    (a trial's own skip_reason stays)."""
+    if why := machine_mismatch(gpu_id, machine):
+        return [t if t.skip_reason else t.model_copy(update={"skip_reason": why}) for t in trials]
+    return trials
+
+
 def machine_mismatch(gpu_id: str | None, machine: Machine) -> str | None:
     """Why this machine cannot run an experiment written for a GPU (None when it can): every trial is then
     stored as skipped, and judged again on a machine that can run it."""

@@ -252,8 +252,7 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
     exp = xp.load(path)
     trials = xp.expand(exp, only)
     machine = preflight.Machine.for_gpu(exp.gpu) if dry_run and exp.gpu else preflight.Machine.local()
-    if why := preflight.machine_mismatch(exp.gpu, machine):
-        trials = [t if t.skip_reason else t.model_copy(update={"skip_reason": why}) for t in trials]
+    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
     verdicts = preflight.check_all(trials, machine, exp.gpu)
     if dry_run:
         console.print(report.dry_run_table(verdicts, machine))

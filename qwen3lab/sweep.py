@@ -138,8 +138,7 @@ def _check_before_launch(exp: xp.Experiment, path, only) -> None:
     """All pre-flight errors of the whole sweep, before the first notebook starts."""
     machine = preflight.Machine.local()
     trials = xp.expand(exp, only)
-    if why := preflight.machine_mismatch(exp.gpu, machine):
-        trials = [t if t.skip_reason else t.model_copy(update={"skip_reason": why}) for t in trials]
+    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
     errors = [e for v in preflight.check_all(trials, machine, exp.gpu) for e in v.errors]
     if errors:
         raise SpecErrors(errors)

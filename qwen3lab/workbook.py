@@ -262,8 +262,7 @@ def open_chapter(experiment: str | os.PathLike, chapter: str, db: str = "qwen3la
         raise SpecError("chapter", chapter, ", ".join(chapters), f"name a chapter of {experiment}")
     machine = machine or preflight.Machine.local()
     trials = [small_run(t, num_requests, warmup_requests, duration_s) for t in xp.expand(exp, [chapter])]
-    if why := preflight.machine_mismatch(exp.gpu, machine):
-        trials = [t if t.skip_reason else t.model_copy(update={"skip_reason": why}) for t in trials]
+    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
     verdicts = preflight.check_all(trials, machine, exp.gpu)
     return ChapterRun(exp, str(experiment), chapter, chapters[chapter], trials, verdicts, machine, Store(db),
                       str(runs_dir), str(notebook_path) if notebook_path else None)
