@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qwen3lab import compare  # noqa: E402
-from qwen3lab.spec import SLO, EngineConfig  # noqa: E402
+from qwen3lab.analysis import compare  # noqa: E402
+from qwen3lab.experiment.spec import SLO, EngineConfig  # noqa: E402
 from qwen3lab.store import Store  # noqa: E402
 
 OUT_TOKENS = 32  # chunk times per request; the Compare page does not read them, the file still holds them

@@ -23,10 +23,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from qwen3lab import engine, metrics, workload as wl
-from qwen3lab.loadgen import run_load, run_sync
+from qwen3lab.measure import engine, workload as wl
+from qwen3lab.analysis import metrics
+from qwen3lab.measure.loadgen import run_load, run_sync
 from qwen3lab.models import resolve_model_path
-from qwen3lab.spec import EngineConfig, RequestClass, Workload
+from qwen3lab.experiment.spec import EngineConfig, RequestClass, Workload
 
 FIELDS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "cpu_s_per_1k_tokens")
 

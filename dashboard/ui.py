@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from qwen3lab import compare, export, planner, plots
+from qwen3lab.analysis import compare, export, plots
+from qwen3lab.hardware import planner
 from qwen3lab.errors import Qwen3LabError
-from qwen3lab.spec import SLO
+from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import DEFAULT_DB, Store
 
 DB_ENV = "QWEN3LAB_DB"

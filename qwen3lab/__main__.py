@@ -1,3 +1,3 @@
-from .cli import app
+from qwen3lab.cli import app
 
 app()

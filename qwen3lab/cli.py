@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import Qwen3LabError, SpecErrors
-from .store import DEFAULT_DB
+from qwen3lab.errors import Qwen3LabError, SpecErrors
+from qwen3lab.store import DEFAULT_DB
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Measure vLLM launch configurations, store every request, pick the winner under SLOs.")
@@ -45,7 +45,8 @@ def run(
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
-    from . import report, runner
+    from qwen3lab import report
+    from qwen3lab.measure import runner
 
     try:
         results = runner.run_experiment(experiment, db, only=only, runs_dir=runs_dir, dry_run=dry_run,
@@ -67,7 +68,7 @@ def sweep(
     param: Optional[list[str]] = typer.Option(None, "-p", "--param", help="Notebook parameter NAME=VALUE, e.g. -p num_requests=8."),
 ):
     """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
-    from . import sweep as sw
+    from qwen3lab import sweep as sw
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     try:
@@ -89,8 +90,8 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """List stored runs, newest first."""
-    from . import report
-    from .store import Store
+    from qwen3lab import report
+    from qwen3lab.store import Store
 
     df = Store(db).runs(experiment=experiment)
     if as_json:
@@ -102,7 +103,7 @@ def runs(
 @app.command()
 def show(run_id: str, db: str = DB):
     """Everything stored about one run: provenance, launch command, summary."""
-    from .store import Store
+    from qwen3lab.store import Store
 
     try:
         row = Store(db).run(run_id)
@@ -115,7 +116,7 @@ def show(run_id: str, db: str = DB):
 @app.command()
 def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment or chapter.")):
     """Every field of an experiment file, with its description."""
-    from . import report
+    from qwen3lab import report
 
     try:
         console.print(report.schema_table(section))
@@ -130,7 +131,7 @@ def dashboard(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
 ):
     """Open the dashboard: compare runs, pick the winner under SLOs, export its launch command."""
-    from .dashboard_launch import run_dashboard
+    from qwen3lab.dashboard_launch import run_dashboard
 
     try:
         raise typer.Exit(run_dashboard(db, host=host, port=port))
@@ -146,7 +147,8 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Before launching: what fits on a GPU (quantization x KV dtype x max_model_len), KV capacity, ceilings."""
-    from . import hardware_report, planner
+    from qwen3lab import hardware_report
+    from qwen3lab.hardware import planner
 
     try:
         rows = planner.plan_table(gpu, model, context=context)
@@ -166,7 +168,7 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, help="Where to write the profile (default: this machine's profile folder)."),
 ):
     """Measure this GPU (copy bandwidth, BF16 matrix rate, a Qwen3-14B decode step) against the roofline."""
-    from . import calibrate as cal
+    from qwen3lab.hardware import calibrate as cal
 
     args = ["--context", str(context), "--batch-sizes", batch_sizes] + (["--json"] if as_json else [])
     try:
@@ -182,8 +184,8 @@ def import_(
     experiment: str = typer.Option("imported", help="Experiment name the imported runs are filed under."),
 ):
     """Import results of `vllm bench serve` and GuideLLM, to compare them beside qwen3lab's own runs."""
-    from .importers import import_files
-    from .store import Store
+    from qwen3lab.analysis.importers import import_files
+    from qwen3lab.store import Store
 
     try:
         ids = import_files(Store(db), files, experiment=experiment)
@@ -195,7 +197,8 @@ def import_(
 @app.command()
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
-    from . import hardware, hardware_report
+    from qwen3lab.hardware import catalogue as hardware
+    from qwen3lab import hardware_report
 
     found = hardware.probe()
     if as_json:

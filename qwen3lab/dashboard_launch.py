@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import Qwen3LabError, require
+from qwen3lab.errors import Qwen3LabError, require
 
 
 def app_path() -> Path:

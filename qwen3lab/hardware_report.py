@@ -10,7 +10,7 @@ def _tokens(n: int) -> str:
 
 def plan_table(rows: list[dict]) -> Table:
     """`qwen3lab plan`: one row per quantization x KV dtype x max_model_len."""
-    from .hardware import get_gpu
+    from qwen3lab.hardware.catalogue import get_gpu
 
     first = rows[0]
     conc_key = next(k for k in first if k.startswith("concurrency_at_"))
@@ -94,7 +94,7 @@ def calibration_markdown(result: dict) -> str:
         f"# Calibration: {result['gpu_name']}",
         "",
         f"Measured {result['measured_at']} with torch {result['torch']} (CUDA {result['cuda_runtime']}), "
-        f"`python -m qwen3lab.calibrate --json` (same as `qwen3lab calibrate`); the numbers are in "
+        f"`python -m qwen3lab.hardware.calibrate --json` (same as `qwen3lab calibrate`); the numbers are in "
         f"`{result['gpu_id']}.json`, the history of how the method got here in `NOTES.md`.",
         "",
         "| limit (measured here) | value | datasheet |",

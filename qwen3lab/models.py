@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError
+from qwen3lab.errors import SpecError
 
 BUILTIN_PREFIX = "builtin:"
 # Built-in name -> (hub id it stands for, tokenizer to use when the folder has none)

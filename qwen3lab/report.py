@@ -6,7 +6,7 @@ import math
 from rich import box
 from rich.table import Table
 
-from .errors import SpecError
+from qwen3lab.errors import SpecError
 
 
 def _num(v, fmt="{:.1f}") -> str:
@@ -47,7 +47,7 @@ def _the_same(df, column: str) -> str | None:
 
 
 def results_table(results, db: str) -> Table:
-    from .store import Store
+    from qwen3lab.store import Store
 
     rows = Store(db).runs(run_ids=[r.run_id for r in results])
     by_id = {r["run_id"]: r for r in rows.to_dict("records")} if not rows.empty else {}
@@ -97,8 +97,8 @@ def dry_run_table(verdicts, machine) -> Table:
 
 
 def schema_table(section: str) -> Table:
-    from .experiment import Chapter, Experiment
-    from .spec import SLO, EndpointConfig, EngineConfig, Workload
+    from qwen3lab.experiment.files import Chapter, Experiment
+    from qwen3lab.experiment.spec import SLO, EndpointConfig, EngineConfig, Workload
 
     models = {"engine": EngineConfig, "endpoint": EndpointConfig, "workload": Workload, "slo": SLO,
               "experiment": Experiment, "chapter": Chapter}

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import Qwen3LabError
+from qwen3lab.errors import Qwen3LabError
 
 DEFAULT_DB = "qwen3lab.duckdb"
 # Threads of a process share DuckDB's database instance of a file, and one thread opening a connection while

@@ -20,9 +20,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from . import experiment as xp
-from . import preflight, workbook
-from .errors import Qwen3LabError, SpecErrors
+from qwen3lab.experiment import files as xp
+from qwen3lab.experiment import preflight
+from qwen3lab import workbook
+from qwen3lab.errors import Qwen3LabError, SpecErrors
 
 # How long a kernel that was asked to stop may take to finish its trial (stop vLLM, write the run row).
 KERNEL_SHUTDOWN_WAIT_S = 90.0
@@ -115,7 +116,7 @@ def dry_run(experiment_path: str | os.PathLike, only: list[str] | None = None, c
     """
     from rich.console import Console
 
-    from . import report
+    from qwen3lab import report
 
     console = console or Console()
     exp = xp.load(experiment_path)
@@ -257,7 +258,7 @@ def summary_table(result: SweepResult, db: str):
     """One row per executed notebook: status, seconds, and the runs it stored, by status."""
     from rich.table import Table
 
-    from .store import Store
+    from qwen3lab.store import Store
 
     runs = Store(db).runs(experiment=result.experiment)
     t = Table(title=f"sweep {result.experiment}")

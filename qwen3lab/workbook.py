@@ -7,7 +7,7 @@ A notebook stays thin: a tagged `parameters` cell, the question, then
     ch.run(max_trials=...)     # runner.run_trial with resume; every run stored with this notebook's path
     ch.runs()                  # the stored runs of this chapter's trials
 
-and figures from `qwen3lab.plots`. Chapter-specific analysis (backend table, hit rate, TTFT against prompt
+and figures from `qwen3lab.analysis.plots`. Chapter-specific analysis (backend table, hit rate, TTFT against prompt
 length, soak windows) lives here too, so the dashboard and tests can call the same code.
 """
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import experiment as xp
-from . import preflight, runner
-from .errors import SpecErrors
-from .spec import SLO, Trial
-from .store import Store
+from qwen3lab.experiment import files as xp
+from qwen3lab.experiment import preflight
+from qwen3lab.measure import runner
+from qwen3lab.errors import SpecErrors
+from qwen3lab.experiment.spec import SLO, Trial
+from qwen3lab.store import Store
 
 # Notebook stem -> chapter of an experiment file it runs (None: a notebook about the machine or the report).
 NOTEBOOKS: dict[str, str | None] = {
@@ -221,7 +222,7 @@ class ChapterRun:
 
     def effects(self, n_boot: int = 1000) -> pd.DataFrame:
         """Each ok trial against the chapter's baseline, relative change with 95% interval."""
-        from . import compare
+        from qwen3lab.analysis import compare
 
         claims = compare.claims(self.store, self.experiment.name, self.slo, n_boot=n_boot)
         if claims.empty:
@@ -257,7 +258,7 @@ def open_chapter(experiment: str | os.PathLike, chapter: str, db: str = "qwen3la
     exp = xp.load(experiment)
     chapters = exp.all_chapters()
     if chapter not in chapters:
-        from .errors import SpecError
+        from qwen3lab.errors import SpecError
 
         raise SpecError("chapter", chapter, ", ".join(chapters), f"name a chapter of {experiment}")
     machine = machine or preflight.Machine.local()
@@ -274,7 +275,8 @@ def environment(python: str | None = None) -> dict[str, Any]:
     import subprocess
     import sys
 
-    from . import engine, hardware
+    from qwen3lab.measure import engine
+    from qwen3lab.hardware import catalogue as hardware
 
     probe = hardware.probe()
     exe = python or sys.executable
@@ -311,9 +313,9 @@ def what_fits(experiment: str | None = None, gpus: tuple[str, ...] = ("a100-80g"
     """The planner's verdict on each trial of the experiment on its GPU (for the CPU experiment: the Qwen3-14B
     checkpoints on an A100 80GB and an RTX 4090): memory fit, KV capacity, and on a GPU the roofline ceilings on
     decode throughput and TTFT at the trial's batch and lengths."""
-    from . import planner
-    from .models import model_info
-    from .spec import EngineConfig, Workload
+    from qwen3lab.hardware import planner
+    from qwen3lab.models import model_info
+    from qwen3lab.experiment.spec import EngineConfig, Workload
 
     cases: list[tuple[str, str, Any, Any]] = []
     exp = xp.load(experiment) if experiment else None
@@ -353,7 +355,7 @@ def what_fits(experiment: str | None = None, gpus: tuple[str, ...] = ("a100-80g"
 def backend_table(trials: list[Trial]) -> pd.DataFrame:
     """Which attention backend and weight kernel each (quantization x KV dtype) needs on sm80 (A100) and sm89
     (RTX 4090), from pre-flight's rules for those GPUs."""
-    from .models import model_info
+    from qwen3lab.models import model_info
 
     rows = []
     for t in trials:
@@ -416,7 +418,7 @@ def prefix_hit_rates(runs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
 def long_context_memory(runs: pd.DataFrame) -> pd.DataFrame:
     """What each context window costs: KV bytes per token and per full sequence, and the KV capacity vLLM
     reported (how many full-length sequences fit at once)."""
-    from .models import model_info
+    from qwen3lab.models import model_info
 
     rows = []
     for row in runs.to_dict("records"):
@@ -540,7 +542,7 @@ class Report:
 
 def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report:
     """All trials of an experiment side by side, the winner under its SLOs, and each knob's effect."""
-    from . import compare
+    from qwen3lab.analysis import compare
 
     setup_plotly()
     exp = xp.load(experiment)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen3lab.spec import EngineConfig, Workload
+from qwen3lab.experiment.spec import EngineConfig, Workload
 
 REPO = Path(__file__).resolve().parents[1]
 # The tiny model on vLLM's CPU backend, eager so it starts fast; 1 GiB of KV cache is ample for it.
@@ -26,7 +26,7 @@ def small_workload(**overrides) -> Workload:
 @pytest.fixture(scope="session")
 def tiny_server(tmp_path_factory):
     """A real `vllm serve` of the tiny Qwen3 on the CPU, shared by the tests that only need a server."""
-    from qwen3lab import engine
+    from qwen3lab.measure import engine
 
     log = tmp_path_factory.mktemp("server") / "server.log"
     with engine.launch(tiny_config(), log, ready_timeout_s=600) as server:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from qwen3lab import importers
+from qwen3lab.analysis import importers
 from qwen3lab.store import Store
 
 DATA = Path(__file__).parent / "data"

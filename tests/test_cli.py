@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from .conftest import REPO
+from qwen3lab.conftest import REPO
 
 
 def qwen3lab(*args, cwd=None, timeout=1200):
@@ -71,7 +71,7 @@ def test_dry_run_prints_commands_and_verdicts(tmp_path):
 
 
 def test_schema_documents_every_field():
-    from qwen3lab.spec import EngineConfig
+    from qwen3lab.experiment.spec import EngineConfig
 
     out = qwen3lab("schema", "engine")
     for name in EngineConfig.model_fields:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from qwen3lab import compare
-from qwen3lab.spec import SLO
+from qwen3lab.analysis import compare
+from qwen3lab.experiment.spec import SLO
 from tests import dashdata
 
 

@@ -12,8 +12,9 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from tests import dashdata  # noqa: E402
-from qwen3lab import compare, export, planner  # noqa: E402
-from qwen3lab.spec import SLO  # noqa: E402
+from qwen3lab.analysis import compare, export
+from qwen3lab.hardware import planner  # noqa: E402
+from qwen3lab.experiment.spec import SLO  # noqa: E402
 from qwen3lab.store import Store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

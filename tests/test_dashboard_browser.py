@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests import dashdata
-from qwen3lab import compare, engine, export
-from qwen3lab.spec import SLO
+from qwen3lab.analysis import compare, export
+from qwen3lab.measure import engine
+from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
 
 CHROMIUM = "/usr/bin/chromium"

@@ -17,9 +17,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qwen3lab import engine, export
-from qwen3lab.engine import Build
-from qwen3lab.spec import EngineConfig
+from qwen3lab.measure import engine
+from qwen3lab.analysis import export
+from qwen3lab.measure.engine import Build
+from qwen3lab.experiment.spec import EngineConfig
 from qwen3lab.store import Store
 
 NASTY = st.text(alphabet=st.sampled_from(list("ab Z09 '\"$;&|<>()`\\*?!#~{}[]=-_./:\t")), min_size=0, max_size=24)

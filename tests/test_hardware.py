@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from qwen3lab import hardware
+from qwen3lab.hardware import catalogue as hardware
 from qwen3lab.errors import SpecError
-from qwen3lab.telemetry import GPU_FIELDS, NvmlSampler, visible_nvml_indices
+from qwen3lab.measure.telemetry import GPU_FIELDS, NvmlSampler, visible_nvml_indices
 
 HOW_TO_RUN_GPU = "needs an NVIDIA GPU with NVML: run `python -m pytest -m gpu tests/test_hardware.py` on a GPU machine"
 

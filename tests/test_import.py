@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen3lab import compare, importers
-from qwen3lab.spec import SLO
+from qwen3lab.analysis import compare, importers
+from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
 
 DATA = Path(__file__).parent / "data" / "import"

@@ -6,12 +6,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from qwen3lab import metrics, runner, workload as wl
-from qwen3lab.loadgen import run_load
-from qwen3lab.spec import SLO, RequestClass, Trial
-from qwen3lab.telemetry import MetricsScraper, parse_metrics
+from qwen3lab.analysis import metrics
+from qwen3lab.measure import runner, workload as wl
+from qwen3lab.measure.loadgen import run_load
+from qwen3lab.experiment.spec import SLO, RequestClass, Trial
+from qwen3lab.measure.telemetry import MetricsScraper, parse_metrics
 
-from .conftest import small_workload, tiny_config
+from qwen3lab.conftest import small_workload, tiny_config
 
 
 @pytest.fixture(scope="module")

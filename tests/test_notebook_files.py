@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from qwen3lab import experiment as xp
+from qwen3lab.experiment import files as xp
 from qwen3lab import workbook
 
 ROOT = Path(__file__).resolve().parents[1]

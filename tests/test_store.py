@@ -9,7 +9,7 @@ import threading
 import duckdb
 import pytest
 
-from qwen3lab.loadgen import RequestRecord
+from qwen3lab.measure.loadgen import RequestRecord
 from qwen3lab.store import SCHEMA_VERSION, Store, StoreError
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from qwen3lab import engine, preflight, sweep
-from qwen3lab.loadgen import run_sync
-from qwen3lab import experiment as xp
+from qwen3lab.measure import engine
+from qwen3lab.experiment import preflight
+from qwen3lab import sweep
+from qwen3lab.measure.loadgen import run_sync
+from qwen3lab.experiment import files as xp
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.store import Store
 
@@ -234,7 +236,7 @@ def test_killed_sweep_resumes_without_duplicates_and_leaves_nothing_behind(tmp_p
 
 
 def test_yarn_needs_max_position_embeddings_raised_on_vllm_032():
-    from qwen3lab.spec import EngineConfig, Trial, Workload
+    from qwen3lab.experiment.spec import EngineConfig, Trial, Workload
 
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1000000}
 
@@ -248,7 +250,7 @@ def test_yarn_needs_max_position_embeddings_raised_on_vllm_032():
 
 
 def test_fp8_kv_on_a_cpu_without_avx512_is_skipped():
-    from qwen3lab.spec import EngineConfig, Trial, Workload
+    from qwen3lab.experiment.spec import EngineConfig, Trial, Workload
 
     trial = Trial(experiment="x", name="t", workload=Workload(),
                   engine=EngineConfig(model="builtin:qwen3-tiny", load_format="dummy", kv_cache_dtype="fp8"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen3lab import workload as wl
-from qwen3lab.spec import RequestClass, Workload
+from qwen3lab.measure import workload as wl
+from qwen3lab.experiment.spec import RequestClass, Workload
 
 TOKENIZER = "qwen3lab/assets/models/qwen3-tiny"
 

@@ -4,7 +4,7 @@
     python tools/build_notebooks.py --check   # exit 1 if a committed notebook differs from what this writes
 
 Every notebook: a `parameters` cell first (papermill), the question, calls into qwen3lab.workbook, then Plotly
-figures from qwen3lab.plots. Chapter notebooks share one skeleton; only their analysis cells differ.
+figures from qwen3lab.analysis.plots. Chapter notebooks share one skeleton; only their analysis cells differ.
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ max_trials = None  # launch at most this many servers (skipped and resumed trial
 retry_failed = False  # run again trials that failed, ran out of memory or crashed earlier{extra}'''
 
 SETUP = '''\
-from qwen3lab import plots, workbook
+from qwen3lab.analysis import plots
+from qwen3lab import workbook
 
 workbook.chdir_repo()
 ch = workbook.open_chapter(experiment, chapter, db=db, runs_dir=runs_dir, notebook_path=notebook_path,
@@ -133,7 +134,7 @@ workbook.say("One NUMA node: binding cannot change anything on this host (see 70
     md('''\
 ## What fits, and the ceilings
 
-From the planner (`qwen3lab.planner.plan_trial`): memory fit and KV capacity of every trial of the experiment on
+From the planner (`qwen3lab.hardware.planner.plan_trial`): memory fit and KV capacity of every trial of the experiment on
 its GPU (for the CPU experiment: the Qwen3-14B checkpoints on an A100 80GB and an RTX 4090), and on a GPU the
 roofline ceilings at the trial's batch and lengths: decode tokens/s (bytes each step reads over the bandwidth,
 or FLOPs over the tensor rate, whichever is slower) and the TTFT floor. Each run's efficiency against them is on
@@ -230,7 +231,7 @@ No binding against `numactl --cpunodebind=N --membind=N` against vLLM's own `--n
 PR 38635; it pins GPU workers to their GPU's node). The A100 recipe claims 15-22 ms less TTFT from binding. On a
 host with one NUMA node the comparison cannot show anything: every binding is the same binding.''', [
     code('''\
-from qwen3lab import hardware
+from qwen3lab.hardware import catalogue as hardware
 
 nodes = hardware.numa_nodes()
 display(nodes)
@@ -313,7 +314,8 @@ n_boot = 1000  # bootstrap resamples for the intervals''', tags=["parameters"]),
 For one experiment: all trials side by side (the newest run of each), the winner under the experiment's SLOs
 with its margin over the runner-up, and each knob's effect against its chapter's baseline with a 95% interval.'''),
     code('''\
-from qwen3lab import plots, workbook
+from qwen3lab.analysis import plots
+from qwen3lab import workbook
 
 workbook.chdir_repo()
 rep = workbook.report(experiment, db, n_boot=n_boot)

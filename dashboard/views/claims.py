@@ -2,7 +2,7 @@
 import streamlit as st
 
 from dashboard import ui
-from qwen3lab import plots
+from qwen3lab.analysis import plots
 
 st.title("Claims: does each knob change help?")
 df = ui.runs()

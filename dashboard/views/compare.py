@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import ui
-from qwen3lab import plots
+from qwen3lab.analysis import plots
 
 st.title("Compare runs")
 df = ui.runs()

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from dashboard import ui
-from qwen3lab.spec import SLO
+from qwen3lab.experiment.spec import SLO
 
 st.title("Pick the winner under your SLOs")
 df = ui.runs()

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import SpecError
+from qwen3lab.errors import SpecError
 
 QUANTIZATIONS = (
     "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes", "gguf",
@@ -295,7 +295,7 @@ class Workload(Strict):
 
     api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions.")
     mix: str | list[RequestClass] = Field(
-        "fixed-128", description="A named mix (see `qwen3lab.workload.MIXES`) or a list of request classes."
+        "fixed-128", description="A named mix (see `qwen3lab.measure.workload.MIXES`) or a list of request classes."
     )
     num_requests: int = Field(200, ge=1, description="Requests measured (after warmup).")
     warmup_requests: int = Field(0, ge=0, description="Requests sent first and not measured.")

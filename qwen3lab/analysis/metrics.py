@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import SLO
+from qwen3lab.experiment.spec import SLO
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")

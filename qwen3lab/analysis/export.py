@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .engine import Build, exec_argv, probe_build, server_env_defaults
-from .errors import Qwen3LabError
-from .models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
-from .spec import EngineConfig
+from qwen3lab.measure.engine import Build, exec_argv, probe_build, server_env_defaults
+from qwen3lab.errors import Qwen3LabError
+from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
+from qwen3lab.experiment.spec import EngineConfig
 
 IMAGE = "vllm/vllm-openai"
 CONTAINER_PORT = 8000

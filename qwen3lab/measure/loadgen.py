@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import ssl
 import urllib.parse
 
-from .spec import Workload
-from .workload import Request, arrival_offsets
+from qwen3lab.experiment.spec import Workload
+from qwen3lab.measure.workload import Request, arrival_offsets
 
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import Qwen3LabError
-from .metrics import RequestTable, summarize
-from .store import Store
+from qwen3lab.errors import Qwen3LabError
+from qwen3lab.analysis.metrics import RequestTable, summarize
+from qwen3lab.store import Store
 
 EXPERIMENT = "imported"
 CLASS = "all"  # neither tool records a request class

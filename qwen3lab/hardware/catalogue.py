@@ -14,7 +14,7 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import SpecError
+from qwen3lab.errors import SpecError
 
 GiB = 2**30
 

@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .errors import SpecError, SpecErrors
-from .spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Trial, Workload
+from qwen3lab.errors import SpecError, SpecErrors
+from qwen3lab.experiment.spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Trial, Workload
 
 _ENGINE = TypeAdapter(AnyEngine)
 

@@ -8,7 +8,7 @@ is timed at each batch size, fused like vLLM's (torch.compile, flash attention) 
 with two predictions from the planner's op list (see `predict_decode`).
 
 No constant is fitted to the decode timings: the limits come from their own microbenchmarks and the kernel
-count from the profiler. Run: `qwen3lab calibrate` or `python -m qwen3lab.calibrate --json` (needs only
+count from the profiler. Run: `qwen3lab calibrate` or `python -m qwen3lab.hardware.calibrate --json` (needs only
 torch and this package's planner, so it runs on a bare GPU machine).
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from . import planner
-from .hardware import GiB, match_gpu, probe_gpus, save_profile
-from .models import ModelInfo, model_info
+from qwen3lab.hardware import planner
+from qwen3lab.hardware.catalogue import GiB, match_gpu, probe_gpus, save_profile
+from qwen3lab.models import ModelInfo, model_info
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TARGET_ERROR = 0.15
@@ -33,11 +33,11 @@ def _torch():
     try:
         import torch
     except ImportError as exc:
-        from .errors import MissingDependency
+        from qwen3lab.errors import MissingDependency
 
         raise MissingDependency("torch", "pip install torch (a CUDA build; calibrate measures the local GPU)") from exc
     if not torch.cuda.is_available():
-        from .errors import Qwen3LabError
+        from qwen3lab.errors import Qwen3LabError
 
         raise Qwen3LabError("calibrate needs a CUDA GPU, and torch sees none here (torch.cuda.is_available() is False)")
     return torch
@@ -361,7 +361,7 @@ def calibrate(model: str = "builtin:qwen3-14b", batch_sizes=BATCH_SIZES, context
         f"kernel floor {limits['kernel_floor_us']:.2f} us")
     need = max(batch_sizes) * context * planner.kv_bytes_per_token(info) + planner.weight_bytes(info).total
     if need > 0.9 * free:
-        from .errors import Qwen3LabError
+        from qwen3lab.errors import Qwen3LabError
 
         raise Qwen3LabError(f"the decode model needs {need / GiB:.1f} GiB, this GPU has {free / GiB:.1f} GiB free: "
                             "pass smaller --batch-sizes or --context")
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from rich.console import Console
 
-        from .hardware_report import calibration_table
+        from qwen3lab.hardware_report import calibration_table
 
         Console().print(calibration_table(result))
         print(f"profile written to {path}")

@@ -24,8 +24,8 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .hardware import GiB, GpuSpec, get_gpu, match_gpu
-from .models import ModelInfo, model_info
+from qwen3lab.hardware.catalogue import GiB, GpuSpec, get_gpu, match_gpu
+from qwen3lab.models import ModelInfo, model_info
 
 MiB = 2**20
 
@@ -221,7 +221,7 @@ def _cpu_kv_bytes(cfg: Any, env: dict | None) -> tuple[int | None, str]:
     try:
         gib = int(value)
     except ValueError:
-        from .errors import SpecError
+        from qwen3lab.errors import SpecError
 
         raise SpecError("engine.env.VLLM_CPU_KVCACHE_SPACE", value, "a whole number of GiB (vLLM reads it with int())",
                         'write e.g. VLLM_CPU_KVCACHE_SPACE: "4"') from None
@@ -482,7 +482,7 @@ def _mean_lengths(workload: Any) -> tuple[float, float] | None:
     """Mean prompt and output tokens of a workload's mix."""
     if workload is None:
         return None
-    from . import workload as wl
+    from qwen3lab.measure import workload as wl
 
     classes = wl.resolve_mix(workload)
     total = sum(c.weight for c in classes)
@@ -531,7 +531,7 @@ def plan_table(gpu_id: str, model: str = "qwen3-14b", context: int = 2048, lens:
                batches: tuple[int, ...] = (1, 64), concurrency_context: int = 8192) -> list[dict]:
     """One row per quantization x KV dtype x max_model_len: fits or not, KV capacity, most sequences of
     `concurrency_context` tokens at once, and decode ceilings at `batches` with `context` tokens each."""
-    from .errors import SpecError
+    from qwen3lab.errors import SpecError
 
     gpu = get_gpu(gpu_id)
     variants = QWEN3_14B_VARIANTS if model in ("qwen3-14b", "Qwen/Qwen3-14B") else {"checkpoint": model}
@@ -582,7 +582,7 @@ def run_ceiling(run: dict, samples: Any = None, profile: dict | None = None) -> 
         where = run.get("gpu") or ""
         why = ("the run does not record its GPU" if not where
                else "the run used vLLM's CPU engine, which has no roofline here" if "CPU" in where
-               else f"{where} is not in the GPU catalogue (qwen3lab.hardware.CATALOGUE)")
+               else f"{where} is not in the GPU catalogue (qwen3lab.hardware.catalogue.CATALOGUE)")
         return {"available": False, "why": why}
     info = model_info(config.get("model") or run.get("model") or "")
     summary = run.get("summary") or {}

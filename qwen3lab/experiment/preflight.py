@@ -10,9 +10,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import SpecError
-from .models import ModelInfo, model_info
-from .spec import EngineConfig, Trial
+from qwen3lab.errors import SpecError
+from qwen3lab.models import ModelInfo, model_info
+from qwen3lab.experiment.spec import EngineConfig, Trial
 
 YARN_HINT = ('hf_overrides: {rope_parameters: {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768, '
              'rope_theta: 1000000}, max_position_embeddings: 131072} (older vLLM: --rope-scaling)')
@@ -36,7 +36,7 @@ class Machine:
 
     @classmethod
     def local(cls) -> "Machine":
-        from . import hardware
+        from qwen3lab.hardware import catalogue as hardware
 
         probe = hardware.probe()
         gpus = probe.get("gpus") or []
@@ -48,7 +48,7 @@ class Machine:
     @classmethod
     def for_gpu(cls, gpu_id: str) -> "Machine":
         """The machine an experiment is written for (its `gpu:`), judged without being on it."""
-        from . import hardware
+        from qwen3lab.hardware import catalogue as hardware
 
         if gpu_id == "cpu":
             return cls(device="cpu", numa_nodes=1, has_numactl=True)
@@ -214,7 +214,7 @@ def plan_target(gpu_id: str | None, machine: Machine | None) -> str | None:
         return None
     if machine.device == "cpu":
         return "cpu"
-    from .hardware import match_gpu
+    from qwen3lab.hardware.catalogue import match_gpu
 
     spec = match_gpu(machine.gpu_name or "")
     return spec.id if spec else None
@@ -244,7 +244,7 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
         verdict.notes += notes
     target = plan_target(gpu_id, machine)
     if info is not None and target:
-        from . import planner
+        from qwen3lab.hardware import planner
 
         verdict.plan = planner.plan_trial(cfg, info, target, trial.workload)
         if problem := verdict.plan.get("does_not_fit"):

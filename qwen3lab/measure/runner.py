@@ -15,12 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, engine, hardware, metrics, preflight, workload as wl
-from .errors import EngineError, SpecErrors
-from .loadgen import LoadResult, RequestRecord, run_load, run_sync
-from .spec import Trial
-from .store import Store
-from .telemetry import MetricsScraper, NvmlSampler
+from qwen3lab import __version__
+from qwen3lab.measure import engine, workload as wl
+from qwen3lab.hardware import catalogue as hardware
+from qwen3lab.analysis import metrics
+from qwen3lab.experiment import preflight
+from qwen3lab.errors import EngineError, SpecErrors
+from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
+from qwen3lab.experiment.spec import Trial
+from qwen3lab.store import Store
+from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
 FLUSH_EVERY_S = 2.0
 
@@ -245,8 +249,8 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import experiment as xp
-    from . import report
+    from qwen3lab.experiment import files as xp
+    from qwen3lab import report
 
     console = console or Console()
     exp = xp.load(path)

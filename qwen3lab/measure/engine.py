@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import EngineError
-from .models import BUILTIN_PREFIX, default_tokenizer, resolve_model_path
-from .spec import EndpointConfig, EngineConfig
+from qwen3lab.errors import EngineError
+from qwen3lab.models import BUILTIN_PREFIX, default_tokenizer, resolve_model_path
+from qwen3lab.experiment.spec import EndpointConfig, EngineConfig
 
 # What a log says when memory ran out: the GPU's, the host's, or the KV cache's (all end the launch).
 _OOM = re.compile(

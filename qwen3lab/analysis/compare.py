@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .metrics import Interval, RequestTable, bootstrap_two, meets_slo, per_request_slo, summarize
-from .spec import SLO
-from .store import Store
+from qwen3lab.analysis.metrics import Interval, RequestTable, bootstrap_two, meets_slo, per_request_slo, summarize
+from qwen3lab.experiment.spec import SLO
+from qwen3lab.store import Store
 
 
 def request_table(requests: pd.DataFrame) -> RequestTable:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SpecError
-from .models import default_tokenizer, resolve_model_path
-from .spec import RequestClass, Workload
+from qwen3lab.errors import SpecError
+from qwen3lab.models import default_tokenizer, resolve_model_path
+from qwen3lab.experiment.spec import RequestClass, Workload
 
 # The recipes' traffic, at the real model's scale (131072-token context). `fit_to_context` scales a class down
 # only where it does not fit the served model's max_model_len.

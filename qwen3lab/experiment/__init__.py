@@ -1,0 +1,1 @@
+"""What to measure: typed specs, experiment files (base + chapters + matrix + overrides), pre-flight."""

@@ -1,0 +1,1 @@
+"""The machine: GPU catalogue and probes, the memory and roofline planner, calibration."""

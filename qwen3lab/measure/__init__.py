@@ -1,0 +1,1 @@
+"""Measuring: launch and watch vLLM, build the workload, stream it, sample telemetry, run trials."""
