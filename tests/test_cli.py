@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from qwen3lab.conftest import REPO
+from .conftest import REPO
 
 
 def qwen3lab(*args, cwd=None, timeout=1200):

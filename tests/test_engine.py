@@ -13,7 +13,7 @@ from qwen3lab.measure import engine, runner
 from qwen3lab.errors import EngineError
 from qwen3lab.experiment.spec import EndpointConfig, RequestClass, Trial
 
-from qwen3lab.conftest import small_workload, tiny_config, vllm_processes
+from .conftest import small_workload, tiny_config, vllm_processes
 
 
 @pytest.fixture

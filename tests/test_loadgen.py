@@ -12,7 +12,7 @@ from qwen3lab.measure.loadgen import run_load
 from qwen3lab.experiment.spec import SLO, RequestClass, Trial
 from qwen3lab.measure.telemetry import MetricsScraper, parse_metrics
 
-from qwen3lab.conftest import small_workload, tiny_config
+from .conftest import small_workload, tiny_config
 
 
 @pytest.fixture(scope="module")
