@@ -195,6 +195,29 @@ def import_(
 
 
 @app.command()
+def router(
+    route: list[str] = typer.Option(..., "--route", help="NAME=URL of a backend, e.g. short=http://127.0.0.1:8001 (repeat: short and long)."),
+    threshold_tokens: int = typer.Option(..., "--threshold-tokens", help="Prompts of at most this many tokens go to short, longer ones to long."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="The served model's tokenizer: a folder, builtin:NAME or hub id (default: the folder a backend serves)."),
+    policy: str = typer.Option("length", "--policy", help="length (by prompt tokens) or round-robin (each route in turn, for comparison)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
+    port: int = typer.Option(9000, "--port", help="Port to listen on."),
+    max_connections: int = typer.Option(256, "--max-connections", help="Connection pool size per backend; more requests wait."),
+    connect_timeout_s: float = typer.Option(5.0, "--connect-timeout", help="Seconds to connect to a backend."),
+    read_timeout_s: float = typer.Option(600.0, "--read-timeout", help="Longest silence, in seconds, between two chunks of a backend's stream."),
+):
+    """An OpenAI-compatible streaming proxy that sends short prompts to one vLLM server and long ones to another."""
+    from qwen3lab.measure import router as rt
+
+    try:
+        config = rt.RouterConfig(rt.parse_routes(route), threshold_tokens, tokenizer, policy, host, port,
+                                 max_connections, connect_timeout_s, read_timeout_s)
+        rt.serve(config, ready=lambda line: console.print(line, markup=False, highlight=False))
+    except Qwen3LabError as exc:
+        _fail(exc)
+
+
+@app.command()
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
     from qwen3lab.hardware import catalogue as hardware
