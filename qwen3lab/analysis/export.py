@@ -7,6 +7,10 @@ the numactl prefix, and the environment the server got. So pasted on the machine
 the same server. The container forms use the upstream `vllm/vllm-openai` image, whose entrypoint is
 `vllm serve`: they get the model and the flags, a GPU, the Hugging Face cache and the env.
 
+A split topology (engine.topology) exports as its three processes: a bash script that starts both servers and
+`qwen3lab router` in front of them, compose with three services, and one Kubernetes pod (the router beside the
+servers, on localhost).
+
 Compose and Kubernetes both expand `$` in values (`${VAR}`, `$(VAR)`); both read `$$` as a literal `$`,
 so every `$` of a value is doubled there.
 """
@@ -22,7 +26,8 @@ from typing import Any
 from qwen3lab.measure.engine import Build, Launch, probe_build, server_env_defaults, shell_command, shell_launch
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
-from qwen3lab.experiment.spec import EngineConfig
+from qwen3lab.experiment.spec import ROUTE_NAMES, EngineConfig
+from qwen3lab.measure.router import RouterConfig
 
 IMAGE = "vllm/vllm-openai"
 CONTAINER_PORT = 8000
@@ -241,3 +246,136 @@ def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -
         compose=_yaml([compose_dict(c, port)], header), kubernetes=_yaml(kubernetes_dicts(c, annotations=annotations), header),
         launch=launch, container=c, notes=notes,
     )
+
+
+# --- the split topology: two vLLM servers and the router ------------------------------------------------
+SPLIT_PORTS = {"short": 8001, "long": 8002}  # on one host or in one pod, beside each other
+ROUTER_PORT = 9000
+ROUTER_IMAGE = "qwen3lab:latest"  # docker build -t qwen3lab -f deploy/router.Dockerfile .
+
+
+@dataclass(frozen=True)
+class SplitExport:
+    shell: str
+    compose: str
+    kubernetes: str
+    launches: dict[str, Launch]  # short, long: what the shell script starts
+    router_argv: list[str]
+
+    def get(self, fmt: str) -> str:
+        if fmt not in SPLIT_FORMATS:
+            raise ExportError(f"format {fmt!r}: a split topology exports as {', '.join(SPLIT_FORMATS)}")
+        return getattr(self, fmt)
+
+
+SPLIT_FORMATS = ("shell", "compose", "kubernetes")
+
+
+def _router_tokenizer(config: EngineConfig) -> str:
+    # builtin:NAME travels inside qwen3lab itself; anything else is what vLLM was given.
+    return config.tokenizer or config.model
+
+
+def router_config(config: EngineConfig, routes: dict[str, str], host: str, port: int = ROUTER_PORT) -> RouterConfig:
+    t = config.topology
+    return RouterConfig(routes, t.threshold_tokens, tokenizer=_router_tokenizer(config), policy=t.policy,
+                        host=host, port=port)
+
+
+def _gpu_env(topology, i: int) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": str(topology.gpus[i])} if topology.gpus else {}
+
+
+def split_shell(config: EngineConfig, build: Build, router_command: tuple[str, ...] = ("qwen3lab",),
+                header: list[str] = ()) -> tuple[str, dict[str, Launch], list[str]]:
+    """A bash script: both servers in the background, the router in the foreground; Ctrl-C or the router's exit
+    stops all three. Every line is `shell_command`'s quoting, so any value survives bash."""
+    engines = config.route_engines()
+    launches = {}
+    for i, (name, cfg) in enumerate(engines.items()):
+        launch = shell_launch(cfg, build, "127.0.0.1", SPLIT_PORTS[name])
+        launches[name] = Launch({**launch.env, **_gpu_env(config.topology, i)}, launch.argv)
+    rc = router_config(config, {n: f"http://127.0.0.1:{SPLIT_PORTS[n]}" for n in engines}, "127.0.0.1")
+    router_argv = [*router_command, *rc.argv()[1:]]
+    short, long = (f"{shell_command(launches[n])} &" for n in engines)
+    lines = ["#!/usr/bin/env bash", *(f"# {h}" for h in header), "set -euo pipefail",
+             "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # the router's end stops both servers", short]
+    if config.topology.shares_gpu:  # one after the other: each sizes its KV cache from the memory it finds free
+        lines.append(f"until curl -fsS -o /dev/null http://127.0.0.1:{SPLIT_PORTS['short']}/health; do sleep 2; done")
+    lines += [long, " ".join(shlex.quote(a) for a in router_argv)]
+    return "\n".join(lines) + "\n", launches, router_argv
+
+
+def _devices(c: dict, gpu: int) -> None:
+    c["deploy"]["resources"]["reservations"]["devices"][0].pop("count")
+    c["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] = [str(gpu)]
+
+
+def split_compose_dict(config: EngineConfig, vllm_version: str | None) -> dict:
+    """Three services: vllm-short and vllm-long (one GPU shared, or one each) and the router in front."""
+    t = config.topology
+    services = {}
+    for i, (name, cfg) in enumerate(config.route_engines().items()):
+        service = compose_dict(container(cfg, vllm_version), SPLIT_PORTS[name], f"vllm-{name}")["services"][f"vllm-{name}"]
+        _devices(service, t.gpus[i] if t.gpus else 0)
+        if name == "long" and t.shares_gpu:  # after short is up: each sizes its KV cache from the free memory
+            service["depends_on"] = {"vllm-short": {"condition": "service_healthy"}}
+        services[f"vllm-{name}"] = service
+    rc = router_config(config, {n: f"http://vllm-{n}:{CONTAINER_PORT}" for n in ROUTE_NAMES}, "0.0.0.0")
+    services["router"] = {
+        "image": ROUTER_IMAGE,
+        "command": [_dollars(a) for a in rc.argv()],
+        "ports": [f"{ROUTER_PORT}:{ROUTER_PORT}"],
+        "environment": {"HF_TOKEN": "${HF_TOKEN:-}"},
+        "volumes": [f"{HOST_HF_CACHE}:{CONTAINER_HF_CACHE}"],  # the tokenizer, when it is a hub id
+        "depends_on": {f"vllm-{n}": {"condition": "service_healthy"} for n in ROUTE_NAMES},
+    }
+    return {"services": services}
+
+
+def split_kubernetes_dicts(config: EngineConfig, vllm_version: str | None, name: str = "qwen3lab-split",
+                           annotations: dict | None = None) -> list[dict]:
+    """One pod (the three share localhost): the router container and the servers. Kubernetes gives a GPU to one
+    container only, so two servers sharing a GPU run in one container; with gpus: [a, b] each has its own."""
+    t = config.topology
+    engines = config.route_engines()
+    deployment, service = kubernetes_dicts(container(engines["short"], vllm_version, SPLIT_PORTS["short"]), name,
+                                           annotations)
+    pod = deployment["spec"]["template"]["spec"]
+    base = pod["containers"][0]
+    servers = []
+    for name_, cfg in engines.items():
+        c = dict(base, name=f"vllm-{name_}", args=[_dollars(a) for a in container(cfg, vllm_version, SPLIT_PORTS[name_]).args],
+                 ports=[{"name": name_, "containerPort": SPLIT_PORTS[name_]}])
+        probe = {"httpGet": {"path": "/health", "port": name_}, "periodSeconds": 10}
+        c.update(startupProbe={**probe, "failureThreshold": 90}, readinessProbe=probe,
+                 env=[e for e in base["env"] if e["name"] != "CUDA_VISIBLE_DEVICES"])
+        servers.append(c)
+    if t.shares_gpu:  # one container, both servers: the shell keeps them together, either's exit ends the pod
+        serve = ["vllm serve " + " ".join(shlex.quote(a) for a in container(cfg, vllm_version, SPLIT_PORTS[n]).args)
+                 for n, cfg in engines.items()]
+        ready = f"until curl -fsS -o /dev/null http://127.0.0.1:{SPLIT_PORTS['short']}/health; do sleep 5; done"
+        script = f"{serve[0]} & {ready}; {serve[1]} & wait -n; exit 1"  # short first: see split_shell
+        both = dict(servers[0], name="vllm", command=["/bin/bash", "-c"], args=[_dollars(script)],
+                    ports=[{"name": n, "containerPort": SPLIT_PORTS[n]} for n in engines])
+        both.pop("startupProbe"), both.pop("readinessProbe")
+        both["env"] = [dict(e) for e in servers[0]["env"]]  # the short route's env; both get the same
+        servers = [both]
+    rc = router_config(config, {n: f"http://127.0.0.1:{SPLIT_PORTS[n]}" for n in engines}, "0.0.0.0")
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
+    router = {"name": "router", "image": ROUTER_IMAGE, "args": [_dollars(a) for a in rc.argv()],
+              "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+              "readinessProbe": probe,  # 503 until both servers answer: traffic waits for all three
+              "volumeMounts": [{"name": "hf-cache", "mountPath": CONTAINER_HF_CACHE}]}
+    pod["containers"] = [router, *servers]
+    service["spec"]["ports"] = [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]
+    return [deployment, service]
+
+
+def export_split(config: EngineConfig, build: Build, vllm_version: str | None = None,
+                 header: list[str] = (), router_command: tuple[str, ...] = ("qwen3lab",)) -> SplitExport:
+    shell, launches, router_argv = split_shell(config, build, router_command, header)
+    head = list(header) + [f"router image: docker build -t {ROUTER_IMAGE.split(':')[0]} -f deploy/router.Dockerfile ."]
+    return SplitExport(shell=shell, compose=_yaml([split_compose_dict(config, vllm_version)], head),
+                       kubernetes=_yaml(split_kubernetes_dicts(config, vllm_version), head),
+                       launches=launches, router_argv=router_argv)
