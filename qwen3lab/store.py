@@ -66,11 +66,13 @@ MIGRATIONS: list[str] = [
         run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, value DOUBLE
     );
     """,
+    # 2: which server of a split topology answered each request (the router's x-qwen3lab-route header)
+    "ALTER TABLE requests ADD COLUMN route VARCHAR;",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
                    "output_tokens_target", "prompt_tokens", "output_tokens", "sent_at", "ttft", "e2el",
-                   "chunk_times", "status", "error")
+                   "chunk_times", "status", "error", "route")
 
 
 class StoreError(Qwen3LabError):
@@ -295,6 +297,7 @@ def _record_row(r: Any) -> dict[str, Any]:
         "prompt_tokens_target": r.prompt_tokens_target, "output_tokens_target": r.output_tokens_target,
         "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "sent_at": r.sent_at,
         "ttft": r.ttft, "e2el": r.e2el, "chunk_times": list(r.chunk_times), "status": r.status, "error": r.error,
+        "route": getattr(r, "route", None),
     }
 
 
@@ -306,5 +309,5 @@ def _request_schema():
         ("shared_prefix", pa.bool_()), ("prompt_tokens_target", pa.int32()), ("output_tokens_target", pa.int32()),
         ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()), ("sent_at", pa.float64()),
         ("ttft", pa.float64()), ("e2el", pa.float64()), ("chunk_times", pa.list_(pa.float64())),
-        ("status", pa.int32()), ("error", pa.string()),
+        ("status", pa.int32()), ("error", pa.string()), ("route", pa.string()),
     ])

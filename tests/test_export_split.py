@@ -116,5 +116,5 @@ def test_kubernetes_is_one_pod_of_router_and_servers(gpus):
 
 
 def test_a_single_server_config_has_no_split_export():
-    with pytest.raises(ValueError, match="topology"):
+    with pytest.raises(export.ExportError, match="topology"):
         export.export_split(EngineConfig(), Build("/usr/bin/python3", "0.33.0", "vllm", None))

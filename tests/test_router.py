@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from qwen3lab.cli import app
 from qwen3lab.measure import engine, router
+from qwen3lab.measure.prompt_tokens import PromptCounter
 from qwen3lab.measure.workload import build_requests, load_tokenizer
 
 from .conftest import small_workload, tiny_config
@@ -115,7 +116,7 @@ def test_chat_template_renders_as_transformers_does():
     transformers = pytest.importorskip("transformers")
     path = router.tokenizer_path(TINY_TOKENIZER)
     ref = transformers.AutoTokenizer.from_pretrained(path)
-    counter = router.PromptCounter(path)
+    counter = PromptCounter(path)
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "one two"}]
     for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
         want = ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kwargs)

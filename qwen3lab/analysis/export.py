@@ -27,7 +27,7 @@ from qwen3lab.measure.engine import Build, Launch, probe_build, server_env_defau
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
 from qwen3lab.experiment.spec import ROUTE_NAMES, EngineConfig
-from qwen3lab.measure.router import RouterConfig
+from qwen3lab.measure import topology
 
 IMAGE = "vllm/vllm-openai"
 CONTAINER_PORT = 8000
@@ -241,6 +241,12 @@ def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -
         notes.append(f"the build's python {build.python} is not on this machine: paste the shell command where the "
                      "run was measured")
     annotations = {"qwen3lab/run-id": str(run.get("run_id")), "qwen3lab/config-hash": str(run.get("config_hash"))}
+    if config.topology is not None:  # three processes: no single `docker run` starts them
+        split = export_split(config, build, run.get("vllm_version"), header, annotations=annotations)
+        docker = "# A split topology is three processes (two vLLM servers and the router): use Compose or Kubernetes.\n"
+        return Export(run_id=str(run.get("run_id")), shell=split.shell, docker=docker, compose=split.compose,
+                      kubernetes=split.kubernetes, launch=split.launches["short"], container=c,
+                      notes=notes + ["split topology: the router listens on port 9000, the servers on 8001 and 8002"])
     return Export(
         run_id=str(run.get("run_id")), shell=shell_command(launch), docker=docker_run(c, config, port),
         compose=_yaml([compose_dict(c, port)], header), kubernetes=_yaml(kubernetes_dicts(c, annotations=annotations), header),
@@ -249,9 +255,9 @@ def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -
 
 
 # --- the split topology: two vLLM servers and the router ------------------------------------------------
-SPLIT_PORTS = {"short": 8001, "long": 8002}  # on one host or in one pod, beside each other
-ROUTER_PORT = 9000
+SPLIT_PORTS, ROUTER_PORT = topology.PORTS, topology.ROUTER_PORT
 ROUTER_IMAGE = "qwen3lab:latest"  # docker build -t qwen3lab -f deploy/router.Dockerfile .
+SPLIT_FORMATS = ("shell", "compose", "kubernetes")
 
 
 @dataclass(frozen=True)
@@ -262,53 +268,11 @@ class SplitExport:
     launches: dict[str, Launch]  # short, long: what the shell script starts
     router_argv: list[str]
 
-    def get(self, fmt: str) -> str:
-        if fmt not in SPLIT_FORMATS:
-            raise ExportError(f"format {fmt!r}: a split topology exports as {', '.join(SPLIT_FORMATS)}")
-        return getattr(self, fmt)
 
-
-SPLIT_FORMATS = ("shell", "compose", "kubernetes")
-
-
-def _router_tokenizer(config: EngineConfig) -> str:
-    # builtin:NAME travels inside qwen3lab itself; anything else is what vLLM was given.
-    return config.tokenizer or config.model
-
-
-def router_config(config: EngineConfig, routes: dict[str, str], host: str, port: int = ROUTER_PORT) -> RouterConfig:
-    t = config.topology
-    return RouterConfig(routes, t.threshold_tokens, tokenizer=_router_tokenizer(config), policy=t.policy,
-                        host=host, port=port)
-
-
-def _gpu_env(topology, i: int) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": str(topology.gpus[i])} if topology.gpus else {}
-
-
-def split_shell(config: EngineConfig, build: Build, router_command: tuple[str, ...] = ("qwen3lab",),
-                header: list[str] = ()) -> tuple[str, dict[str, Launch], list[str]]:
-    """A bash script: both servers in the background, the router in the foreground; Ctrl-C or the router's exit
-    stops all three. Every line is `shell_command`'s quoting, so any value survives bash."""
-    engines = config.route_engines()
-    launches = {}
-    for i, (name, cfg) in enumerate(engines.items()):
-        launch = shell_launch(cfg, build, "127.0.0.1", SPLIT_PORTS[name])
-        launches[name] = Launch({**launch.env, **_gpu_env(config.topology, i)}, launch.argv)
-    rc = router_config(config, {n: f"http://127.0.0.1:{SPLIT_PORTS[n]}" for n in engines}, "127.0.0.1")
-    router_argv = [*router_command, *rc.argv()[1:]]
-    short, long = (f"{shell_command(launches[n])} &" for n in engines)
-    lines = ["#!/usr/bin/env bash", *(f"# {h}" for h in header), "set -euo pipefail",
-             "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # the router's end stops both servers", short]
-    if config.topology.shares_gpu:  # one after the other: each sizes its KV cache from the memory it finds free
-        lines.append(f"until curl -fsS -o /dev/null http://127.0.0.1:{SPLIT_PORTS['short']}/health; do sleep 2; done")
-    lines += [long, " ".join(shlex.quote(a) for a in router_argv)]
-    return "\n".join(lines) + "\n", launches, router_argv
-
-
-def _devices(c: dict, gpu: int) -> None:
-    c["deploy"]["resources"]["reservations"]["devices"][0].pop("count")
-    c["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] = [str(gpu)]
+def _devices(service: dict, gpu: int) -> None:
+    device = service["deploy"]["resources"]["reservations"]["devices"][0]
+    device.pop("count")
+    device["device_ids"] = [str(gpu)]
 
 
 def split_compose_dict(config: EngineConfig, vllm_version: str | None) -> dict:
@@ -321,7 +285,7 @@ def split_compose_dict(config: EngineConfig, vllm_version: str | None) -> dict:
         if name == "long" and t.shares_gpu:  # after short is up: each sizes its KV cache from the free memory
             service["depends_on"] = {"vllm-short": {"condition": "service_healthy"}}
         services[f"vllm-{name}"] = service
-    rc = router_config(config, {n: f"http://vllm-{n}:{CONTAINER_PORT}" for n in ROUTE_NAMES}, "0.0.0.0")
+    rc = topology.router_config(config, {n: f"http://vllm-{n}:{CONTAINER_PORT}" for n in ROUTE_NAMES}, "0.0.0.0")
     services["router"] = {
         "image": ROUTER_IMAGE,
         "command": [_dollars(a) for a in rc.argv()],
@@ -337,45 +301,43 @@ def split_kubernetes_dicts(config: EngineConfig, vllm_version: str | None, name:
                            annotations: dict | None = None) -> list[dict]:
     """One pod (the three share localhost): the router container and the servers. Kubernetes gives a GPU to one
     container only, so two servers sharing a GPU run in one container; with gpus: [a, b] each has its own."""
-    t = config.topology
     engines = config.route_engines()
+    args = {n: container(cfg, vllm_version, SPLIT_PORTS[n]).args for n, cfg in engines.items()}
     deployment, service = kubernetes_dicts(container(engines["short"], vllm_version, SPLIT_PORTS["short"]), name,
                                            annotations)
     pod = deployment["spec"]["template"]["spec"]
     base = pod["containers"][0]
     servers = []
-    for name_, cfg in engines.items():
-        c = dict(base, name=f"vllm-{name_}", args=[_dollars(a) for a in container(cfg, vllm_version, SPLIT_PORTS[name_]).args],
-                 ports=[{"name": name_, "containerPort": SPLIT_PORTS[name_]}])
-        probe = {"httpGet": {"path": "/health", "port": name_}, "periodSeconds": 10}
-        c.update(startupProbe={**probe, "failureThreshold": 90}, readinessProbe=probe,
-                 env=[e for e in base["env"] if e["name"] != "CUDA_VISIBLE_DEVICES"])
-        servers.append(c)
-    if t.shares_gpu:  # one container, both servers: the shell keeps them together, either's exit ends the pod
-        serve = ["vllm serve " + " ".join(shlex.quote(a) for a in container(cfg, vllm_version, SPLIT_PORTS[n]).args)
-                 for n, cfg in engines.items()]
+    for n in engines:
+        probe = {"httpGet": {"path": "/health", "port": n}, "periodSeconds": 10}
+        servers.append(dict(base, name=f"vllm-{n}", args=[_dollars(a) for a in args[n]],
+                            ports=[{"name": n, "containerPort": SPLIT_PORTS[n]}],
+                            startupProbe={**probe, "failureThreshold": 90}, readinessProbe=probe))
+    if config.topology.shares_gpu:  # one container, short first (see topology.shell_script); either's exit ends it
+        serve = ["vllm serve " + " ".join(shlex.quote(a) for a in args[n]) for n in engines]
         ready = f"until curl -fsS -o /dev/null http://127.0.0.1:{SPLIT_PORTS['short']}/health; do sleep 5; done"
-        script = f"{serve[0]} & {ready}; {serve[1]} & wait -n; exit 1"  # short first: see split_shell
-        both = dict(servers[0], name="vllm", command=["/bin/bash", "-c"], args=[_dollars(script)],
+        both = {k: v for k, v in servers[0].items() if k not in ("startupProbe", "readinessProbe")}
+        both.update(name="vllm", command=["/bin/bash", "-c"],
+                    args=[_dollars(f"{serve[0]} & {ready}; {serve[1]} & wait -n; exit 1")],
                     ports=[{"name": n, "containerPort": SPLIT_PORTS[n]} for n in engines])
-        both.pop("startupProbe"), both.pop("readinessProbe")
-        both["env"] = [dict(e) for e in servers[0]["env"]]  # the short route's env; both get the same
         servers = [both]
-    rc = router_config(config, {n: f"http://127.0.0.1:{SPLIT_PORTS[n]}" for n in engines}, "0.0.0.0")
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}
+    rc = topology.router_config(config, {n: f"http://127.0.0.1:{SPLIT_PORTS[n]}" for n in engines}, "0.0.0.0")
     router = {"name": "router", "image": ROUTER_IMAGE, "args": [_dollars(a) for a in rc.argv()],
               "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
-              "readinessProbe": probe,  # 503 until both servers answer: traffic waits for all three
+              # /health is 503 until both servers answer: traffic waits for all three
+              "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
               "volumeMounts": [{"name": "hf-cache", "mountPath": CONTAINER_HF_CACHE}]}
     pod["containers"] = [router, *servers]
     service["spec"]["ports"] = [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]
     return [deployment, service]
 
 
-def export_split(config: EngineConfig, build: Build, vllm_version: str | None = None,
-                 header: list[str] = (), router_command: tuple[str, ...] = ("qwen3lab",)) -> SplitExport:
-    shell, launches, router_argv = split_shell(config, build, router_command, header)
+def export_split(config: EngineConfig, build: Build, vllm_version: str | None = None, header: list[str] = (),
+                 router_command: tuple[str, ...] = ("qwen3lab",), annotations: dict | None = None) -> SplitExport:
+    if config.topology is None:
+        raise ExportError("this config has no engine.topology: export it with export_run's single-server forms")
+    shell, launches, router_argv = topology.shell_script(config, build, router_command, header)
     head = list(header) + [f"router image: docker build -t {ROUTER_IMAGE.split(':')[0]} -f deploy/router.Dockerfile ."]
     return SplitExport(shell=shell, compose=_yaml([split_compose_dict(config, vllm_version)], head),
-                       kubernetes=_yaml(split_kubernetes_dicts(config, vllm_version), head),
+                       kubernetes=_yaml(split_kubernetes_dicts(config, vllm_version, annotations=annotations), head),
                        launches=launches, router_argv=router_argv)

@@ -248,6 +248,16 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
     cfg = trial.engine
     if cfg.kind != "vllm":
         return verdict
+    if cfg.topology is not None:
+        return _expectation(_check_split(verdict, cfg, machine, gpu_id, where), where)
+    _check_engine(verdict, cfg, machine, gpu_id, where)
+    return _expectation(verdict, where)
+
+
+def _check_engine(verdict: Verdict, cfg: EngineConfig, machine: Machine | None, gpu_id: str | None,
+                  where: str) -> None:
+    """One server's rules, machine fit and memory plan, added to the verdict."""
+    trial = verdict.trial
     info = model_info(cfg.model)
     if info is None:
         verdict.notes.append(f"architecture of {cfg.model} unknown here (not cached): model rules not checked")
@@ -272,7 +282,29 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
                 verdict.notes.append(f"moot here (trial is skipped): {error}")
             else:
                 verdict.errors.append(error)
-    return _expectation(verdict, where)
+
+
+def _check_split(verdict: Verdict, cfg: EngineConfig, machine: Machine | None, gpu_id: str | None,
+                 where: str) -> Verdict:
+    """A split topology: each server's own rules and memory plan (on a shared GPU each is planned at its
+    gpu_memory_utilization share, which is how vLLM budgets it), and a threshold both servers can serve."""
+    t = cfg.topology
+    plans = {}
+    for name, route_cfg in cfg.route_engines().items():
+        verdict.plan = None
+        _check_engine(verdict, route_cfg, machine, gpu_id, f"{where}/{name}")
+        plans[name] = verdict.plan
+        info = model_info(route_cfg.model)
+        served = route_cfg.max_model_len or (info.max_position_embeddings if info else None)
+        if served is not None and served <= t.threshold_tokens:
+            verdict.errors.append(SpecError(
+                f"engine.topology.routes.{name}.max_model_len", served,
+                f"more than threshold_tokens ({t.threshold_tokens}): a prompt of that length plus its output must fit",
+                "raise that route's max_model_len or lower threshold_tokens", where))
+    if t.gpus is not None and machine is not None and machine.device != "cpu" and max(t.gpus) >= machine.gpu_count:
+        verdict.skip = verdict.skip or f"topology.gpus {list(t.gpus)} needs {max(t.gpus) + 1} GPUs; this machine has {machine.gpu_count}"
+    verdict.plan = {"routes": plans} if any(plans.values()) else None
+    return verdict
 
 
 def _expectation(verdict: Verdict, where: str) -> Verdict:

@@ -22,6 +22,7 @@ from qwen3lab.experiment.spec import Workload
 from qwen3lab.measure.workload import Request, arrival_offsets
 
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+_ROUTE = b"x-qwen3lab-route:"  # qwen3lab.measure.router.ROUTE_HEADER, as the header line starts
 
 
 @dataclass
@@ -40,6 +41,7 @@ class RequestRecord:
     output_tokens: int | None = None
     status: int | None = None
     error: str | None = None
+    route: str | None = None  # the server that answered, behind `qwen3lab router` (its x-qwen3lab-route header)
 
     @property
     def ok(self) -> bool:
@@ -126,6 +128,7 @@ class _StreamProtocol(asyncio.Protocol):
         self.need = 0  # bytes left in the current HTTP chunk
         self.sse = b""  # de-chunked bytes not yet cut into events
         self.body = b""  # kept only for error responses
+        self.route: str | None = None
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
@@ -138,6 +141,7 @@ class _StreamProtocol(asyncio.Protocol):
             lines = head.split(b"\r\n")
             self.status = int(lines[0].split(b" ", 2)[1])
             self.chunked = any(h.lower().startswith(b"transfer-encoding:") and b"chunked" in h.lower() for h in lines[1:])
+            self.route = next((h[len(_ROUTE):].strip().decode() for h in lines[1:] if h.lower().startswith(_ROUTE)), None)
         if self.status != 200:
             self.body += data
             return
@@ -212,7 +216,7 @@ async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: Req
                                    server_hostname=host if ssl_ctx else None), timeout=timeout_s)
         transport.write(head + body)
         exc = await asyncio.wait_for(proto.done, timeout=max(0.001, timeout_s - (time.perf_counter() - st)))
-        rec.status = proto.status
+        rec.status, rec.route = proto.status, proto.route
         if proto.status is None:
             rec.error = f"connection closed before a response ({exc or 'no error'})"
         elif proto.status != 200:
