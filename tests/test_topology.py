@@ -2,11 +2,14 @@
 every request stored with the route that served it, and nothing left running, also when a server fails."""
 from __future__ import annotations
 
+import math
 import time
 
 import psutil
+import pytest
 
-from qwen3lab.experiment.spec import RequestClass, Trial
+from qwen3lab.experiment import preflight
+from qwen3lab.experiment.spec import EngineConfig, RequestClass, Trial, Workload
 from qwen3lab.measure import runner
 
 from .conftest import small_workload, tiny_config, vllm_processes
@@ -57,6 +60,8 @@ def test_split_trial_stores_each_requests_route(store, tmp_path):
     assert "qwen3lab router" in run["launch_command"] or " router " in run["launch_command"]
     assert run["launch_command"].count("--port") >= 3  # short, long and the router
     assert (tmp_path / result.run_id / "server-long.log").exists() and (tmp_path / result.run_id / "router.log").exists()
+    assert result.summary["router_added_ttft_pairs"] >= 1  # the router's own cost, from paired requests
+    assert math.isfinite(result.summary["router_added_ttft_mean_ms"])
     assert wait_gone() == []
 
 
@@ -67,3 +72,44 @@ def test_a_server_that_fails_to_start_takes_the_others_down(store, tmp_path):
     assert result.status == "failed" and "no-such-flag-qwen3lab" in result.reason, result.reason
     assert "Application startup complete" in (tmp_path / result.run_id / "server.log").read_text()  # short was up
     assert wait_gone() == []
+
+
+YARN = {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+                            "rope_theta": 1000000}, "max_position_embeddings": 131072}
+
+
+def recipe_split(model: str, split, **base) -> Trial:
+    engine = EngineConfig(model=model, **base, topology={
+        "kind": "split", "threshold_tokens": 2048, "memory_split": split,
+        "routes": {"short": {"max_model_len": 8192}, "long": {"max_model_len": 131072, "hf_overrides": YARN}}})
+    return Trial(experiment="a100", name="split", engine=engine, workload=Workload(mix="recipe-mix"))
+
+
+def test_preflight_plans_each_server_at_its_share():
+    # The recipe's two BF16 servers at 0.45 of an A100 80GB: the long one holds less than one 131072-token sequence.
+    bf16 = preflight.check(recipe_split("Qwen/Qwen3-14B", [0.45, 0.45]), None, "a100-80g")
+    [error] = bf16.errors
+    assert "split/long" in str(error) and "131,072" in str(error)
+    fp8 = preflight.check(recipe_split("Qwen/Qwen3-14B-FP8", [0.3, 0.6], kv_cache_dtype="fp8"), None, "a100-80g")
+    assert fp8.errors == [] and set(fp8.plan["routes"]) == {"short", "long"}
+    assert fp8.plan["routes"]["long"]["kv_capacity_tokens"] > fp8.plan["routes"]["short"]["kv_capacity_tokens"]
+
+
+def test_preflight_wants_a_threshold_both_servers_hold():
+    trial = split_trial("tight")
+    tight = trial.model_copy(update={"engine": tiny_config(topology={
+        "kind": "split", "threshold_tokens": 1020, "routes": {"short": {"max_model_len": 1024}, "long": {}}})})
+    [error] = preflight.check(tight, None, "cpu").errors
+    assert error.field == "engine.topology.routes.short.max_model_len" and "1020 + 8 = 1028" in str(error)
+
+
+@pytest.mark.parametrize("topology, says", [
+    ({"kind": "split", "threshold_tokens": 10, "memory_split": [0.6, 0.6]}, "at most 1"),
+    ({"kind": "split", "threshold_tokens": 10, "routes": {"short": {}}}, "exactly short and long"),
+    ({"kind": "split", "threshold_tokens": 10, "routes": {"short": {"model": "x"}, "long": {}}}, "may not set model"),
+    ({"kind": "split", "threshold_tokens": 10, "routes": {"short": {}, "long": {"max_num_seqs": 0}}},
+     "topology.routes.long.max_num_seqs"),
+])
+def test_bad_topologies_are_refused_naming_the_field(topology, says):
+    with pytest.raises(ValueError, match=says):
+        tiny_config(topology=topology)

@@ -238,6 +238,11 @@ class EngineConfig(Strict):
         return [*self.numactl_prefix(), self.vllm_executable(), "serve", self.model, *self.serve_flags()]
 
     def to_shell(self) -> str:
+        if self.topology is not None:  # for reading: each server's command, then how the router splits
+            t = self.topology
+            rule = f"prompts of at most {t.threshold_tokens} tokens to short" if t.policy == "length" else "round-robin"
+            return "\n".join([*(f"{n}: {c.to_shell()}" for n, c in self.route_engines().items()),
+                              f"router: qwen3lab router, {rule}"])
         env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
         return " ".join(env + [shlex.quote(a) for a in self.to_argv()])
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3lab import __version__
-from qwen3lab.measure import engine, workload as wl
+from qwen3lab.measure import engine, topology, workload as wl
 from qwen3lab.hardware import catalogue as hardware
 from qwen3lab.analysis import metrics
 from qwen3lab.experiment import preflight
@@ -191,6 +191,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
             summary |= sampler.summary() if sampler.samples else {}
+            if isinstance(server, topology.SplitServer) and server.alive():  # the router's own cost, paired
+                summary |= topology.added_latency(server, requests, trial.workload)
             samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
             store.add_samples(run_id, samples)

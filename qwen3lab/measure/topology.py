@@ -93,10 +93,40 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
         server.info = {"version": short.info.get("version"), "max_model_len": long.info.get("max_model_len"),
                        "kv_cache_tokens": sum(s.info.get("kv_cache_tokens") or 0 for s in servers.values()) or None,
                        "routes": {n: dict(s.info, exec_argv=s.exec_argv) for n, s in servers.items()},
-                       "router_argv": rc.argv()}
+                       "router_argv": rc.argv(), "threshold_tokens": config.topology.threshold_tokens}
         yield server
 
 
 def launch_command(config: EngineConfig) -> str:
     """The stored, pasteable form of a split run: the bash script of this build."""
     return shell_script(config, engine.probe_build(config.python))[0]
+
+
+def added_latency(server: SplitServer, requests: list, workload, pairs: int = 16) -> dict:
+    """The router's own cost on TTFT: short-route requests sent one at a time straight to the short server and
+    through the router, in pairs. Each pair sends one request both ways, in alternating order: the second of
+    a pair finds its prompt in the prefix cache, and alternating cancels that from the mean difference."""
+    from qwen3lab.measure.loadgen import run_load, run_sync
+
+    threshold = server.info.get("threshold_tokens")
+    chosen = [r for r in requests if threshold is None or r.prompt_tokens <= threshold][:pairs]
+    if not chosen:
+        return {}
+    one = workload.model_copy(update={"concurrency": 1, "request_rate": None, "warmup_requests": 0,
+                                      "duration_s": None, "num_requests": 1})
+    diffs = []
+    for i, req in enumerate(chosen):
+        ways = [server.routes["short"].base_url, server.base_url]
+        got = {}
+        for url in ways if i % 2 == 0 else ways[::-1]:
+            rec = run_sync(run_load(url, server.model_name, [req], one)).records[0]
+            got[url] = rec.ttft if rec.ok else None
+        if None not in got.values():
+            diffs.append(got[server.base_url] - got[ways[0]])
+    if not diffs:
+        return {}
+    import numpy as np
+
+    ms = np.array(diffs) * 1000
+    return {"router_added_ttft_mean_ms": float(ms.mean()), "router_added_ttft_median_ms": float(np.median(ms)),
+            "router_added_ttft_pairs": len(ms)}

@@ -28,6 +28,7 @@ NOTEBOOKS: dict[str, str | None] = {
     "60_attention_and_builds": "attention_and_builds",
     "70_numa": "numa",
     "80_long_context": "long_context",
+    "82_routing": "routing",
     "85_thinking_mode": "thinking_mode",
     "90_soak": "soak",
     "99_report": None,
