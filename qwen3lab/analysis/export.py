@@ -336,7 +336,8 @@ def export_split(config: EngineConfig, build: Build, vllm_version: str | None = 
                  router_command: tuple[str, ...] = ("qwen3lab",), annotations: dict | None = None) -> SplitExport:
     if config.topology is None:
         raise ExportError("this config has no engine.topology: export it with export_run's single-server forms")
-    shell, launches, router_argv = topology.shell_script(config, build, router_command, header)
+    # The shell script is the one the run stored (topology.launch_command), header-less, so both stay one text.
+    shell, launches, router_argv = topology.shell_script(config, build, router_command)
     head = list(header) + [f"router image: docker build -t {ROUTER_IMAGE.split(':')[0]} -f deploy/router.Dockerfile ."]
     return SplitExport(shell=shell, compose=_yaml([split_compose_dict(config, vllm_version)], head),
                        kubernetes=_yaml(split_kubernetes_dicts(config, vllm_version, annotations=annotations), head),

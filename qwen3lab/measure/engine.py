@@ -182,10 +182,6 @@ def launch_command(config: EngineConfig) -> str:
     (the canonical `config.to_shell()`, `vllm serve builtin:...`, is for reading, not pasting). Falls back to
     the canonical form when the build cannot be probed (the launch then fails with the reason)."""
     try:
-        if config.topology is not None:
-            from qwen3lab.measure import topology
-
-            return topology.launch_command(config)
         return shell_command(shell_launch(config, probe_build(config.python)))
     except (EngineError, SpecError):
         return config.to_shell()
@@ -384,11 +380,7 @@ def connect(config: EndpointConfig, ready_timeout_s: float = 60.0) -> Iterator[S
 
 
 def open_engine(config: EngineConfig | EndpointConfig, log_path: str | os.PathLike, ready_timeout_s: float = 900.0):
-    """The registry by `kind`: a launched vLLM (one server, or a split topology's three) or a measured endpoint."""
+    """The registry by `kind`: a launched vLLM or a measured endpoint (a split topology: topology.open_engine)."""
     if config.kind == "endpoint":
         return connect(config)
-    if config.topology is not None:  # two servers and the router, as one
-        from qwen3lab.measure import topology
-
-        return topology.launch(config, log_path, ready_timeout_s)
     return launch(config, log_path, ready_timeout_s)

@@ -218,15 +218,23 @@ class Router:
                 out.content_length = upstream.content_length
             await out.prepare(request)
             first = True
-            try:
-                async for data in upstream.content.iter_any():
-                    got = time.perf_counter()
+            chunks = upstream.content.iter_any().__aiter__()
+            while True:
+                try:
+                    data = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    return await self._broken(request, out, backend, upstream, exc)
+                got = time.perf_counter()
+                try:
                     await out.write(data)
-                    if first:
-                        first = False
-                        self.metrics.added.labels(name).observe(before_send + time.perf_counter() - got)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                return await self._broken(request, out, backend, upstream, exc)
+                except (ConnectionError, RuntimeError):  # the client left: closing upstream aborts the request
+                    self.metrics.errors.labels(name, "client_gone").inc()
+                    return out
+                if first:
+                    first = False
+                    self.metrics.added.labels(name).observe(before_send + time.perf_counter() - got)
             await out.write_eof()
             return out
         finally:

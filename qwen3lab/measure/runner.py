@@ -132,7 +132,7 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
         baseline=trial.baseline, engine_kind=cfg.kind, model=cfg.model,
         config_json=cfg.model_dump(mode="json", exclude={"api_key"}), config_hash=cfg.config_hash(),
         workload_json=trial.workload.model_dump(mode="json"), slo_json=trial.slo.model_dump(mode="json"),
-        tags_json=trial.tags, launch_command=engine.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
+        tags_json=trial.tags, launch_command=topology.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
         env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
         host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
     )
@@ -167,7 +167,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
                           visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
     status, reason, summary, extra = "failed", None, None, {}
     try:
-        with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server, \
+        with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server, \
                 _Flusher(store, run_id, progress) as flusher:
             build = server.build
             extra |= {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")

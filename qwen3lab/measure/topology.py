@@ -98,8 +98,20 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
 
 
 def launch_command(config: EngineConfig) -> str:
-    """The stored, pasteable form of a split run: the bash script of this build."""
-    return shell_script(config, engine.probe_build(config.python))[0]
+    """What a run stores to paste: the bash script of the three for a split topology, else engine's command."""
+    if config.topology is None:
+        return engine.launch_command(config)
+    try:
+        return shell_script(config, engine.probe_build(config.python))[0]
+    except Exception:  # noqa: BLE001 - no build to probe: the readable form; the launch then says why
+        return config.to_shell()
+
+
+def open_engine(config, log_path: str | os.PathLike, ready_timeout_s: float = 900.0):
+    """engine.open_engine, and for a split topology its two servers and the router as one."""
+    if getattr(config, "topology", None) is not None:
+        return launch(config, log_path, ready_timeout_s)
+    return engine.open_engine(config, log_path, ready_timeout_s)
 
 
 def added_latency(server: SplitServer, requests: list, workload, pairs: int = 16) -> dict:
