@@ -116,10 +116,10 @@ def dry_run(experiment_path: str | os.PathLike, only: list[str] | None = None, c
     """
     from rich.console import Console
 
-    from qwen3lab import report
+    from qwen3lab import terminal
 
     planned = executor.plan(experiment_path, only, for_written_gpu=True)
-    report.print_dry_run(planned, console or Console())
+    terminal.print_dry_run(planned, console or Console())
     return SweepResult(planned.experiment.name, [], dry_run=True, verdicts=planned.verdicts)
 
 
@@ -230,24 +230,6 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
         if not env_path:
             os.environ.pop("PYTHONPATH", None)
     return result
-
-
-def summary_table(result: SweepResult, db: str):
-    """One row per executed notebook: status, seconds, and the runs it stored, by status."""
-    from rich.table import Table
-
-    from qwen3lab.store import Store
-
-    runs = Store(db).runs(experiment=result.experiment)
-    t = Table(title=f"sweep {result.experiment}")
-    for col in ("notebook", "status", "seconds", "runs stored (this notebook)", "output"):
-        t.add_column(col, overflow="fold")
-    for ex in result.executions:
-        mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
-        counts = mine.status.value_counts().to_dict() if not mine.empty else {}
-        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-",
-                  ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
-    return t
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
