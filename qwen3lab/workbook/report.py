@@ -61,7 +61,7 @@ def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report
         order = {c: i for i, c in enumerate(exp.all_chapters())}
         runs = runs.sort_values(["chapter", "trial"], key=lambda s: s.map(order) if s.name == "chapter" else s)
         runs = runs.reset_index(drop=True)
-    ok_ids = list(runs[runs.status == "ok"].run_id) if not runs.empty else []
+    ok_ids = list(runs[runs.status.isin(selection.MEASURED)].run_id) if not runs.empty else []
     data = compare.load_runs(store, ok_ids) if ok_ids else []
     winner = compare.pick_winner(data, slo, n_boot=n_boot) if data else None
     claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok_ids else pd.DataFrame()
