@@ -7,6 +7,7 @@ Ctrl-C and SIGTERM alike. The same commands, as a bash script, are what the run 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -121,7 +122,9 @@ def added_latency(server: SplitServer, requests: list, workload, pairs: int = 16
     from qwen3lab.measure.loadgen import run_load, run_sync
 
     threshold = server.info.get("threshold_tokens")
-    chosen = [r for r in requests if threshold is None or r.prompt_tokens <= threshold][:pairs]
+    # TTFT is what is compared: a few output tokens keep the probe to seconds, whatever the mix asks for.
+    chosen = [dataclasses.replace(r, output_tokens=min(r.output_tokens, 4))
+              for r in requests if threshold is None or r.prompt_tokens <= threshold][:pairs]
     if not chosen:
         return {}
     one = workload.model_copy(update={"concurrency": 1, "request_rate": None, "warmup_requests": 0,
