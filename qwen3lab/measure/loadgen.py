@@ -4,11 +4,14 @@ A chunk counts when it carries choices (its text may be empty); TTFT is the firs
 exactly as vLLM's own benchmark client times them. The client stays light on purpose: on a small machine it
 shares the CPU with the server it measures, so the HTTP stream is parsed in an asyncio Protocol where the
 bytes arrive (no reader task, no per-token coroutine switch), chunks are recognised by bytes, and only the
-closing usage chunk is parsed as JSON.
+closing usage chunk is parsed as JSON. Every request's bytes are made before the load, the garbage collector's
+heap is frozen during it, and `on_done` must stay O(1) (an append): storing, telemetry and progress happen
+elsewhere (measure/runner.py, measure/telemetry.py).
 """
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -261,9 +264,14 @@ async def run_load(
               f"Accept: text/event-stream\r\nConnection: close\r\n{extra}")
     records: list[RequestRecord] = []
 
-    async def limited(req: Request, rec: RequestRecord, t0: float, held: bool = False):
+    # Every request's bytes are made before the first send: nothing is serialised on the loop that reads streams.
+    wire: dict[int, tuple[bytes, bytes]] = {}
+    for req in requests:
         body = json.dumps(_payload(api, model, req, workload)).encode()
-        head = (prefix + f"Content-Length: {len(body)}\r\n\r\n").encode()
+        wire[id(req)] = ((prefix + f"Content-Length: {len(body)}\r\n\r\n").encode(), body)
+
+    async def limited(req: Request, rec: RequestRecord, t0: float, held: bool = False):
+        head, body = wire[id(req)]
         try:
             if sem is None or held:
                 await _one(host, port, ssl_ctx, head, body, rec, t0, workload.request_timeout_s)
@@ -289,6 +297,10 @@ async def run_load(
     measured = requests[n_warm:]
     offsets = arrival_offsets(workload, len(measured))
     deadline = workload.duration_s
+    # As vLLM's own client does: what exists now (imports, prompts, the tokenizer) moves out of the collector's
+    # reach, so that no full collection walks it (tens of ms, a stalled read) while streams are timed.
+    gc.collect()
+    gc.freeze()
     cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
     tasks = []
     # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
@@ -321,6 +333,7 @@ async def run_load(
     finally:
         for task in tasks:
             task.cancel()
+        gc.unfreeze()
     ends = [r.sent_at + r.e2el for r in records if not r.warmup and r.e2el is not None]
     duration = (max(ends) if ends else time.perf_counter() - t0)
     return LoadResult(records, started, duration, time.process_time() - cpu0, t0)
