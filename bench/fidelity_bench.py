@@ -155,7 +155,7 @@ def endpoint_rounds(args, work: Path, console) -> dict:
             for tool in TOOLS:
                 got = (vllm_bench(server.url, args, work, f"vllm-{r}") if tool == TOOLS[0] else
                        qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}"))
-                rows[tool].append(got)
+                rows[tool].append(got | {"loadavg_1m": os.getloadavg()[0]})
                 console.print(f"endpoint round {r + 1} {tool}: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
     return rows
 
@@ -164,10 +164,10 @@ def launch_rounds(args, work: Path, console) -> dict:
     rows = {"vllm serve by hand + vllm bench serve": [], "qwen3lab run (kind: vllm)": []}
     for r in range(args.launch_rounds):
         with HandServer(work / f"hand-{r}.log") as server:
-            got = vllm_bench(server.url, args, work, f"hand-{r}")
+            got = vllm_bench(server.url, args, work, f"hand-{r}") | {"loadavg_1m": os.getloadavg()[0]}
         rows["vllm serve by hand + vllm bench serve"].append(got)
         console.print(f"launch round {r + 1} by hand: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
-        got = qwen3lab_run(LAUNCHED, args, work, f"launch-{r}")
+        got = qwen3lab_run(LAUNCHED, args, work, f"launch-{r}") | {"loadavg_1m": os.getloadavg()[0]}
         rows["qwen3lab run (kind: vllm)"].append(got)
         console.print(f"launch round {r + 1} qwen3lab: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
     return rows
@@ -183,10 +183,11 @@ def compare(rows: dict, title: str, console) -> dict:
     for name in rows:
         for k in FIELDS:
             table.add_column(f"{name}: {k}", justify="right")
+    table.add_column("load (1 min)", justify="right")
     for r, pair in enumerate(zip(rows[theirs], rows[ours])):
-        table.add_row(str(r + 1), *(f"{x[k]:.2f}" for x in pair for k in FIELDS))
+        table.add_row(str(r + 1), *(f"{x[k]:.2f}" for x in pair for k in FIELDS), f"{pair[1]['loadavg_1m']:.1f}")
     med = {name: {k: statistics.median(x[k] for x in runs) for k in FIELDS} for name, runs in rows.items()}
-    table.add_row("median", *(f"{med[n][k]:.2f}" for n in rows for k in FIELDS), style="bold")
+    table.add_row("median", *(f"{med[n][k]:.2f}" for n in rows for k in FIELDS), "", style="bold")
     console.print(table)
     ratios, meets = {}, {}
     for k in FIELDS:

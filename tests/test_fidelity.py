@@ -1,10 +1,10 @@
 """Fidelity: what `qwen3lab run` stores matches `vllm bench serve` on the same server (issue 16).
 
-A regression guard, not a speed target (bench/fidelity_bench.py holds the 5% target): rounds alternate the two
-tools on the shared tiny server, and the best round of each is compared, so that a burst of load from whatever
-else runs on the machine hits one round, not the verdict. A measured path that stalls the event loop (storage,
-telemetry or rendering on it) shows as a TTFT several times vLLM's, or a TPOT near zero (every token of a
-request stamped by one late read); both fail here.
+A regression guard, not a speed target (bench/fidelity_bench.py holds the 5% target): rounds alternate the
+two tools on the shared tiny server and the best round of each is compared, so that a burst of load from
+whatever else runs on the machine spoils one round, not the verdict; a slow measured path spoils them all.
+A path that stalls the event loop (storage, telemetry or rendering on it) shows as a TTFT several times
+vLLM's, or a TPOT near zero (every token of a request stamped by one late read); both fail here.
 """
 from __future__ import annotations
 
@@ -12,23 +12,33 @@ import argparse
 
 from bench.fidelity_bench import qwen3lab_run, vllm_bench
 
-ROUNDS = 2
+MAX_ROUNDS = 3  # two at least; a third only when a burst of load spoiled one of the first two
 LOAD = argparse.Namespace(requests=64, concurrency=8, tokens=128, warmup=4)
+
+
+def _best(rows: dict) -> dict:
+    return {tool: {k: min(x[k] for x in runs) for k in ("median_ttft_ms", "median_tpot_ms")}
+            for tool, runs in rows.items()}
+
+
+def _faithful(best: dict) -> bool:
+    ours, theirs = best["qwen3lab"], best["vllm"]
+    return (ours["median_ttft_ms"] <= 1.5 * theirs["median_ttft_ms"]
+            and ours["median_tpot_ms"] >= 0.5 * theirs["median_tpot_ms"])
 
 
 def test_endpoint_run_times_streams_like_vllm_bench_serve(tiny_server, tmp_path):
     engine = {"kind": "endpoint", "url": tiny_server.base_url, "model": tiny_server.model_name,
               "tokenizer": tiny_server.model_name}
     rows = {"vllm": [], "qwen3lab": []}
-    for r in range(ROUNDS):
+    for r in range(MAX_ROUNDS):
         rows["vllm"].append(vllm_bench(tiny_server.base_url, LOAD, tmp_path, f"vllm-{r}"))
         rows["qwen3lab"].append(qwen3lab_run(engine, LOAD, tmp_path, f"q-{r}"))
+        if r >= 1 and _faithful(_best(rows)):
+            break
     for got in rows["vllm"] + rows["qwen3lab"]:
         assert got["completed"] == LOAD.requests
-    best = {tool: {k: min(x[k] for x in runs) for k in ("median_ttft_ms", "median_tpot_ms")}
-            for tool, runs in rows.items()}
-    assert best["qwen3lab"]["median_ttft_ms"] <= 1.5 * best["vllm"]["median_ttft_ms"], rows
-    assert best["qwen3lab"]["median_tpot_ms"] >= 0.5 * best["vllm"]["median_tpot_ms"], rows
+    assert _faithful(_best(rows)), rows
 
 
 def test_flusher_keeps_storage_and_progress_off_the_loop(store):
