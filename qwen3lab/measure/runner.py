@@ -2,7 +2,9 @@
 
 The run row is written before the server starts (status running) and finished after: ok, failed (did not
 start), oom, timeout (no /health), crashed (died during the load), skipped (cannot run here), or
-interrupted (Ctrl-C). Finished requests are flushed to the store while the load runs.
+interrupted (Ctrl-C). Finished requests are stored right after the load (every FLUSH_EVERY_S during a long
+one), also when it ends in an error or Ctrl-C: nothing is stored, scraped or drawn on the loop that times the
+streams (issue 16; bench/fidelity_bench.py measures it).
 """
 from __future__ import annotations
 
