@@ -1,9 +1,196 @@
-"""Terminal tables (rich) for the hardware commands: `plan`, `calibrate` and `probe`."""
+"""Everything the CLI prints (rich): run results, stored runs, dry-run verdicts, the progress of a run, the schema,
+and the hardware commands' tables (plan, calibrate, probe). Presentation only: executions never import it."""
 from __future__ import annotations
 
+import math
+
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from qwen3lab.errors import SpecError
+from qwen3lab.measure.executor import Listener
 
+
+def _num(v, fmt="{:.1f}") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return fmt.format(v)
+
+
+METRICS = ("ok/\ntotal", "out\ntok/s", "TTFT\np50", "TTFT\np95", "TPOT\np50", "E2EL\np99", "good-\nput")
+
+
+def _run_table(title: str, labels: tuple[str, ...]) -> Table:
+    """Label columns, the key metrics, then the run id: no vertical rules and two-line headers, so a run's row
+    fits in about 110 columns; narrower, the labels fold and the metrics stay whole."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in labels:
+        t.add_column(name, overflow="fold")
+    for name in METRICS:
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_column("run", overflow="fold")
+    return t
+
+
+def _metric_cells(s: dict | None) -> list[str]:
+    if not s:
+        return ["-"] * len(METRICS)
+    total = (s.get("completed") or 0) + (s.get("failed") or 0)
+    return [f"{int(s.get('completed') or 0)}/{int(total)}", _num(s.get("output_throughput")),
+            _num(s.get("median_ttft_ms"), "{:.0f}"),
+            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
+            _num(s.get("p99_e2el_ms"), "{:.0f}"), _num(s.get("request_goodput"), "{:.2f}")]
+
+
+def _the_same(df, column: str) -> str | None:
+    """The one value every row shares, for the title instead of a column."""
+    values = set(df[column].dropna().astype(str)) if column in df else set()
+    return values.pop() if len(values) == 1 and df[column].notna().all() else None
+
+
+def results_table(results, db: str) -> Table:
+    from qwen3lab.store import Store
+
+    rows = Store(db).runs(run_ids=[r.run_id for r in results])
+    by_id = {r["run_id"]: r for r in rows.to_dict("records")} if not rows.empty else {}
+    t = _run_table("Results (latencies in ms)", ("trial", "status"))
+    for r in results:
+        t.add_row(f"{r.trial.chapter}/{r.trial.name}", r.status, *_metric_cells(by_id.get(r.run_id)), r.run_id)
+    return t
+
+
+def runs_table(df) -> Table:
+    experiment = None if df.empty else _the_same(df, "experiment")
+    vllm = None if df.empty else _the_same(df, "vllm_version")
+    title = f"{len(df)} runs" + (f" of {experiment}" if experiment else "") + (f", vLLM {vllm}" if vllm else "")
+    labels = (() if experiment else ("experiment",)) + ("trial", "status")
+    t = _run_table(f"{title} (latencies in ms)", labels)
+    if not vllm:
+        t.add_column("vLLM")
+    reasons = not df.empty and df.reason.notna().any()
+    if reasons:
+        t.add_column("reason", overflow="fold", max_width=40)
+    for row in df.to_dict("records") if not df.empty else []:
+        cells = ([] if experiment else [str(row.get("experiment"))])
+        cells += [f"{row.get('chapter')}/{row.get('trial')}", row["status"], *_metric_cells(row), row["run_id"]]
+        cells += [] if vllm else [str(row.get("vllm_version") or "-")]
+        t.add_row(*cells, *([str(row.get("reason") or "")] if reasons else []))
+    return t
+
+
+def dry_run_table(verdicts, machine) -> Table:
+    where = machine.gpu_name or machine.device
+    t = Table(title=f"Dry run: {len(verdicts)} trials, judged for {where}", show_lines=True)
+    for name in ("chapter", "trial", "pre-flight", "launch command / reason"):
+        t.add_column(name, overflow="fold")
+    for v in verdicts:
+        cfg = v.trial.engine
+        cmd = cfg.to_shell() if cfg.kind == "vllm" else f"(endpoint {cfg.url})"
+        lines = [cmd]
+        if v.skip:
+            lines.append(f"[yellow]skip: {v.skip}[/]")
+        lines += [f"[red]{e}[/]" for e in v.errors]
+        lines += [f"[dim]note: {n}[/]" for n in v.notes]
+        if v.plan:
+            lines.append(f"[dim]plan: {v.plan.get('summary', '')}[/]")
+        colour = {"ok": "green", "skip": "yellow"}.get(v.label, "red")
+        t.add_row(v.trial.chapter, v.trial.name, f"[{colour}]{v.label}[/]", "\n".join(lines))
+    return t
+
+
+def print_dry_run(planned, console) -> None:
+    """Every planned trial's launch command and verdict, a count per verdict, and whether a run would launch."""
+    console.print(dry_run_table(planned.verdicts, planned.machine))
+    counts: dict[str, int] = {}
+    for v in planned.verdicts:
+        counts[v.label] = counts.get(v.label, 0) + 1
+    console.print(f"{len(planned.verdicts)} trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    if planned.errors:
+        console.print(f"[bold red]{len(planned.errors)} pre-flight error(s)[/]: a run of this file would launch "
+                      "nothing until they are fixed.")
+
+
+class TrialProgress(Listener):
+    """executor.execute shown as a progress bar: one bar for the experiment, one for the trial's requests."""
+
+    def __init__(self, console):
+        self.console = console
+        # Redrawn once a second (rich's default is 10): the redraw shares the GIL and the CPU with the load.
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False, refresh_per_second=1)
+        super().__init__(log=self.bar.console.print)
+        self.overall = self.task = None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def started(self, planned) -> None:
+        self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}", total=len(planned.verdicts))
+
+    def resumed(self, trial, run_id, status) -> None:
+        self.log(f"[dim]= {trial.chapter}/{trial.name}: {status} earlier (run {run_id})[/]")
+        self.bar.advance(self.overall)
+
+    def left_out(self, trial, why) -> None:
+        super().left_out(trial, why)
+        self.bar.advance(self.overall)
+
+    def launching(self, trial, verdict) -> None:
+        w = trial.workload
+        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
+                                      total=w.num_requests if not w.duration_s else None)
+
+    def requests_done(self, trial, count) -> None:
+        self.bar.advance(self.task, count)
+
+    def finished(self, result) -> None:
+        self.bar.remove_task(self.task)
+        colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
+        self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
+                 + (f": {result.reason}" if result.reason else ""))
+        self.bar.advance(self.overall)
+
+
+def schema_table(section: str) -> Table:
+    from qwen3lab.experiment.files import Chapter, Experiment
+    from qwen3lab.experiment.spec import SLO, EndpointConfig, EngineConfig, Workload
+
+    models = {"engine": EngineConfig, "endpoint": EndpointConfig, "workload": Workload, "slo": SLO,
+              "experiment": Experiment, "chapter": Chapter}
+    if section not in models:
+        raise SpecError("section", section, ", ".join(models), "pick one of those")
+    model = models[section]
+    t = Table(title=f"{section} fields")
+    for name in ("field", "type", "default", "description"):
+        t.add_column(name, overflow="fold")
+    for name, f in model.model_fields.items():
+        default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+        t.add_row(name, str(f.annotation).replace("typing.", ""), default, f.description or "")
+    return t
+
+
+def sweep_table(result, db: str) -> Table:
+    """One row per executed notebook: status, seconds, and the runs it stored, by status."""
+    from qwen3lab.store import Store
+
+    runs = Store(db).runs(experiment=result.experiment)
+    t = Table(title=f"sweep {result.experiment}")
+    for col in ("notebook", "status", "seconds", "runs stored (this notebook)", "output"):
+        t.add_column(col, overflow="fold")
+    for ex in result.executions:
+        mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
+        counts = mine.status.value_counts().to_dict() if not mine.empty else {}
+        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-",
+                  ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
+    return t
+
+
+# --- hardware: `qwen3lab plan`, `calibrate`, `probe` ----------------------------------------------------
 def _tokens(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e4 else f"{n:,}"
 
