@@ -33,6 +33,7 @@ from qwen3lab.models import resolve_model_path  # noqa: E402
 
 MODEL = "builtin:qwen3-tiny"
 FIELDS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "cpu_s_per_1k_tokens")
+SHORT = dict(zip(FIELDS, ("out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "CPU s/1k tok")))
 TOOLS = ("vllm bench serve", "qwen3lab run")
 
 
@@ -182,7 +183,7 @@ def compare(rows: dict, title: str, console) -> dict:
     table.add_column("round")
     for name in rows:
         for k in FIELDS:
-            table.add_column(f"{name}: {k}", justify="right")
+            table.add_column(f"{name}: {SHORT[k]}", justify="right")
     table.add_column("load (1 min)", justify="right")
     for r, pair in enumerate(zip(rows[theirs], rows[ours])):
         table.add_row(str(r + 1), *(f"{x[k]:.2f}" for x in pair for k in FIELDS), f"{pair[1]['loadavg_1m']:.1f}")
