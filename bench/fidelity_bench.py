@@ -92,6 +92,34 @@ class HandServer:
         self.stop()
 
 
+SERVER_SIDE = {"server_mean_ttft_ms": "vllm:time_to_first_token_seconds",
+               "server_mean_tpot_ms": "vllm:request_time_per_output_token_seconds"}
+
+
+def server_sums(url: str) -> dict[str, float]:
+    """The server's own TTFT and TPOT histograms (sum and count): the referee when the two clients disagree."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for hist in SERVER_SIDE.values():
+            for part in ("_sum", "_count"):
+                if line.startswith(hist + part):
+                    out[hist + part] = out.get(hist + part, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def with_server_view(url: str, measure) -> dict:
+    """`measure()`'s figures, with the server's mean TTFT and TPOT over the same round (warm-ups included)."""
+    before = server_sums(url)
+    got = measure()
+    after = server_sums(url)
+    for key, hist in SERVER_SIDE.items():
+        n = after[hist + "_count"] - before[hist + "_count"]
+        got[key] = 1000 * (after[hist + "_sum"] - before[hist + "_sum"]) / n if n else float("nan")
+    return got
+
+
 def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
     """One `vllm bench serve` round; its result JSON's figures."""
     model = str(resolve_model_path(MODEL))
@@ -106,6 +134,7 @@ def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
     out = json.loads((work / f"{tag}.json").read_text())
     return {"output_throughput": out["output_throughput"], "median_ttft_ms": out["median_ttft_ms"],
             "p99_ttft_ms": out["p99_ttft_ms"], "median_tpot_ms": out["median_tpot_ms"],
+            "mean_ttft_ms": out["mean_ttft_ms"], "mean_tpot_ms": out["mean_tpot_ms"],
             "cpu_s_per_1k_tokens": 1000 * out["client_cpu_s"] / out["client_cpu_tokens"],
             "completed": out["completed"]}
 
@@ -136,7 +165,8 @@ def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) ->
     if row.status != "ok":
         raise SystemExit(f"qwen3lab run ended {row.status}: {row.reason}")
     s = json.loads(row.summary_json)
-    return {k: s[k] for k in FIELDS[:-1]} | {"cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"],
+    return {k: s[k] for k in FIELDS[:-1] + ("mean_ttft_ms", "mean_tpot_ms")} | {
+            "cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"],
                                              "completed": s["completed"]}
 
 
@@ -154,8 +184,9 @@ def endpoint_rounds(args, work: Path, console) -> dict:
         vllm_bench(server.url, argparse.Namespace(**{**vars(args), "requests": 16, "warmup": 0}), work, "prime")
         for r in range(args.rounds):
             for tool in TOOLS:
-                got = (vllm_bench(server.url, args, work, f"vllm-{r}") if tool == TOOLS[0] else
-                       qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}"))
+                got = with_server_view(server.url, lambda: (
+                    vllm_bench(server.url, args, work, f"vllm-{r}") if tool == TOOLS[0] else
+                    qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}")))
                 rows[tool].append(got | {"loadavg_1m": os.getloadavg()[0]})
                 console.print(f"endpoint round {r + 1} {tool}: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
     return rows
@@ -194,6 +225,11 @@ def compare(rows: dict, title: str, console) -> dict:
     for k in FIELDS:
         ratios[k] = med[ours][k] / med[theirs][k] if med[theirs][k] else float("nan")
         meets[k] = bool(ratios[k] <= 0.5 if k == "cpu_s_per_1k_tokens" else abs(ratios[k] - 1) <= 0.05)
+    if all("server_mean_ttft_ms" in x for runs in rows.values() for x in runs):
+        for name, runs in rows.items():  # each client's means against the server's own over its rounds
+            console.print(f"{name}: " + ", ".join(
+                f"{m} client/server {statistics.median(x[f'mean_{m}_ms'] / x[f'server_mean_{m}_ms'] for x in runs):.3f}"
+                for m in ("ttft", "tpot")) + " (medians over rounds of the means' ratio)")
     console.print(f"{ours} / {theirs} (medians): " + ", ".join(
         f"{k} {ratios[k]:.3f} {'ok' if meets[k] else 'MISSED'}" for k in FIELDS))
     return {"rounds": rows, "median": med, "ratio": ratios, "meets_target": meets}
