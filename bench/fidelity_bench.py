@@ -167,7 +167,8 @@ def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) ->
         raise SystemExit(f"qwen3lab run ended {row.status}: {row.reason}")
     s = json.loads(row.summary_json)
     return {k: s[k] for k in FIELDS[:-1] + ("mean_ttft_ms", "mean_tpot_ms", "completed")} | {
-        "cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"]}
+        "cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"], "loop_lag_p99_ms": s.get("client_loop_lag_p99_ms"),
+        "loop_lag_max_ms": s.get("client_loop_lag_max_ms")}
 
 
 def endpoint_engine(server: HandServer) -> dict:
@@ -188,7 +189,9 @@ def endpoint_rounds(args, work: Path, console) -> dict:
                     vllm_bench(server.url, args, work, f"vllm-{r}") if tool == TOOLS[0] else
                     qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}")))
                 rows[tool].append(got | {"loadavg_1m": os.getloadavg()[0]})
-                console.print(f"endpoint round {r + 1} {tool}: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
+                console.print(f"endpoint round {r + 1} {tool}: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS)
+                              + (f", client loop lag p99/max {got['loop_lag_p99_ms']:.1f}/{got['loop_lag_max_ms']:.1f} ms"
+                                 if got.get("loop_lag_p99_ms") is not None else ""))
     return rows
 
 

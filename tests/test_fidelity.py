@@ -40,6 +40,8 @@ def test_endpoint_run_times_streams_like_vllm_bench_serve(tiny_server, tmp_path)
             break
     for got in rows["vllm"] + rows["qwen3lab"]:
         assert got["completed"] == LOAD.requests
+    for got in rows["qwen3lab"]:  # each run stores its client's own stalls
+        assert 0 <= got["loop_lag_p99_ms"] <= got["loop_lag_max_ms"]
     assert _faithful(_best(rows)), rows
 
 

@@ -56,6 +56,19 @@ class LoadResult:
     duration_s: float  # first measured send to last measured completion
     client_cpu_s: float  # CPU seconds this process spent during the measured load
     t0_perf: float  # time.perf_counter() when the measured load began: the origin of every `sent_at`
+    loop_lag_s: list[float] = field(default_factory=list)  # how late each LAG_PROBE_S wake-up of the loop came
+
+
+LAG_PROBE_S = 0.02
+
+
+async def _probe_loop_lag(lags: list[float]) -> None:
+    """How late the loop wakes: a stalled client (its own work, or no CPU for it) delays every timestamp taken
+    meanwhile, so each run stores what its client's stalls were, beside the figures they would skew."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(max(0.0, time.perf_counter() - t - LAG_PROBE_S))  # libuv's ms timers may wake a hair early
 
 
 def _payload(api: str, model: str, req: Request, workload: Workload) -> dict:
@@ -303,7 +316,8 @@ async def run_load(
     gc.collect()
     gc.freeze()
     cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
-    tasks = []
+    tasks, lags = [], []
+    probe = asyncio.create_task(_probe_loop_lag(lags))
     # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
     # queued past a deadline and sending stops at once when the server is gone.
     closed = offsets is None and sem is not None
@@ -332,9 +346,9 @@ async def run_load(
             i += 1
         await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
+        for task in tasks + [probe]:
             task.cancel()
         gc.unfreeze()
     ends = [r.sent_at + r.e2el for r in records if not r.warmup and r.e2el is not None]
     duration = (max(ends) if ends else time.perf_counter() - t0)
-    return LoadResult(records, started, duration, time.process_time() - cpu0, t0)
+    return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags)

@@ -207,6 +207,10 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
             summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
+            if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)
+                lag_ms = sorted(1000 * x for x in result.loop_lag_s)
+                summary |= {"client_loop_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))],
+                            "client_loop_lag_max_ms": lag_ms[-1]}
             summary |= sampler.summary() if sampler.samples else {}
             samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
