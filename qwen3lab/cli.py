@@ -79,10 +79,12 @@ def sweep(
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     try:
         if dry_run:
-            result = sw.dry_run(experiment, chapters, console=console)
+            result = sw.dry_run(experiment, chapters)
+            terminal.print_dry_run(result.planned, console)
         else:
-            result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
-                              console=console)
+            with terminal.SweepProgress(console) as progress:
+                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
+                                  listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)

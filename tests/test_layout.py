@@ -13,7 +13,7 @@ LAYERS = [
      "measure.engine"],
     ["hardware.planner", "experiment.preflight", "hardware.calibrate"],
     ["measure.loadgen", "measure.runner", "measure.executor"],
-    ["analysis.compare", "analysis.export", "analysis.importers", "analysis.plots"],
+    ["analysis.compare", "analysis.export", "analysis.importers", "analysis.plots", "analysis.wording"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "terminal", "sweep", "dashboard_launch",
      "cli", "__main__"],
 ]
