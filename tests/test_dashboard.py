@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from tests import dashdata  # noqa: E402
 from qwen3lab.analysis import compare, export
-from qwen3lab.hardware import planner  # noqa: E402
+from qwen3lab.analysis import efficiency  # noqa: E402
 from qwen3lab.experiment.spec import SLO  # noqa: E402
 from qwen3lab.store import Store  # noqa: E402
 
@@ -92,7 +92,7 @@ def test_roofline_tab_shows_ceiling_and_efficiency_where_the_run_has_a_gpu(app, 
     at = app(run_ids=[cpu_run, gpu_run], experiment="(all experiments)", compare_tab="Roofline")
     assert len(at.get("plotly_chart")) == 2  # Pareto and the ceiling bars
     table = at.dataframe[-1].value
-    want = planner.run_ceiling(store.run(gpu_run))
+    want = efficiency.run_ceiling(store.run(gpu_run))
     assert len(table) == 1
     row = table.iloc[0]
     assert row.GPU == "a100-80g-sxm" and row.batch == 8 and row.bound == want["bound"]

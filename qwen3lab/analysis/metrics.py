@@ -3,6 +3,11 @@
 TTFT: send -> first chunk with choices. E2EL: send -> last such chunk. TPOT: (E2EL - TTFT) / (output - 1),
 only when output > 1. ITL: gaps between consecutive chunks, pooled over requests. Goodput: requests meeting
 every per-request SLO that is set, over the duration. Percentiles are numpy's linear ones, as vLLM's.
+
+Steady state: a closed loop opens with `concurrency` simultaneous arrivals on an idle server, whose TTFT is a
+queue of prefills that the user's traffic never sees (430-530 ms against a 50 ms median on an H200). The
+summary keeps every request's percentiles (vLLM's definition) and beside them `steady_*` TTFT percentiles
+without that opening burst, with `opening_burst_requests` saying how many were left out.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ class RequestTable:
     output_tokens: np.ndarray
     chunk_times: list[np.ndarray]
     request_class: np.ndarray
+    sent_at: np.ndarray | None = None  # seconds since the load started; None when not recorded
 
     @classmethod
     def from_records(cls, records: Iterable) -> "RequestTable":
@@ -37,10 +43,11 @@ class RequestTable:
             prompt_tokens=[r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_target for r in rows],
             output_tokens=[r.output_tokens if r.output_tokens is not None else len(r.chunk_times) for r in rows],
             chunk_times=[r.chunk_times for r in rows], request_class=[r.request_class for r in rows],
+            sent_at=[r.sent_at for r in rows],
         )
 
     @classmethod
-    def from_columns(cls, *, ok, ttft, e2el, prompt_tokens, output_tokens, chunk_times, request_class):
+    def from_columns(cls, *, ok, ttft, e2el, prompt_tokens, output_tokens, chunk_times, request_class, sent_at=None):
         f = lambda xs: np.array([np.nan if x is None else x for x in xs], dtype=float)  # noqa: E731
         return cls(
             ok=np.asarray(list(ok), dtype=bool), ttft=f(ttft), e2el=f(e2el),
@@ -48,6 +55,7 @@ class RequestTable:
             output_tokens=np.nan_to_num(f(output_tokens)).astype(np.int64),
             chunk_times=[np.asarray(c if c is not None else [], dtype=float) for c in chunk_times],
             request_class=np.asarray(list(request_class), dtype=object),
+            sent_at=None if sent_at is None else f(sent_at),
         )
 
     def __len__(self) -> int:
@@ -55,7 +63,13 @@ class RequestTable:
 
     def take(self, idx: np.ndarray) -> "RequestTable":
         return RequestTable(self.ok[idx], self.ttft[idx], self.e2el[idx], self.prompt_tokens[idx],
-                            self.output_tokens[idx], [self.chunk_times[i] for i in idx], self.request_class[idx])
+                            self.output_tokens[idx], [self.chunk_times[i] for i in idx], self.request_class[idx],
+                            None if self.sent_at is None else self.sent_at[idx])
+
+    def without_opening_burst(self, burst: int) -> "RequestTable":
+        """The requests after the first `burst` sent (by send time; by order when times are unknown)."""
+        order = np.arange(len(self)) if self.sent_at is None else np.argsort(self.sent_at, kind="stable")
+        return self.take(np.sort(order[burst:]))
 
     def where_class(self, name: str) -> "RequestTable":
         return self.take(np.flatnonzero(self.request_class == name))
@@ -101,8 +115,10 @@ def per_request_slo(slo: SLO) -> SLO:
                e2el_ms=slo.e2el_ms or slo.e2el_p99_ms)
 
 
-def summarize(table: RequestTable, duration_s: float, slo: SLO | None = None) -> dict[str, float]:
-    """The vllm-bench-serve result fields, plus p90/p95, goodput and the SLO verdict."""
+def summarize(table: RequestTable, duration_s: float, slo: SLO | None = None,
+              opening_burst: int = 0) -> dict[str, float]:
+    """The vllm-bench-serve result fields, plus p90/p95, goodput and the SLO verdict; with `opening_burst`
+    (a closed loop's concurrency) also the steady-state TTFT without the first that many requests."""
     ok = table.ok
     dur = max(duration_s, 1e-9)
     n_in = int(table.prompt_tokens[ok].sum())
@@ -120,6 +136,18 @@ def summarize(table: RequestTable, duration_s: float, slo: SLO | None = None) ->
         if any(v is not None for v in (req_slo.ttft_ms, req_slo.tpot_ms, req_slo.e2el_ms)):
             out["request_goodput"] = float(table.good(req_slo).sum()) / dur
         out["slo_pass"] = meets_slo(out, slo)
+    if 0 < opening_burst < len(table):
+        out |= steady_state(table, opening_burst, slo)
+    return out
+
+
+def steady_state(table: RequestTable, opening_burst: int, slo: SLO | None = None) -> dict[str, float]:
+    """TTFT percentiles without the opening burst (`steady_p95_ttft_ms`, ...), and the SLO judged on them."""
+    rest = table.without_opening_burst(opening_burst)
+    out: dict[str, float] = {"opening_burst_requests": opening_burst}
+    out |= {f"steady_{k}": v for k, v in _stats(rest.ttft[rest.ok], "ttft").items()}
+    if slo is not None:  # every percentile SLO judged on the requests after the burst
+        out["steady_slo_pass"] = meets_slo(summarize(rest, 1.0), slo)
     return out
 
 
