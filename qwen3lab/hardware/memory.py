@@ -36,23 +36,32 @@ class Accounting:
     version: str
     cudagraphs_in_kv_budget: bool  # True: an estimate of the graphs' memory is taken off the KV budget
     non_torch_gib: float  # "X GiB for non-torch memory": cuBLAS workspaces, NCCL, the CUDA context's growth
-    # "peak activation": bytes per scheduled token of the profile run (max_num_batched_tokens tokens) per
-    # (2 x hidden + 3 x intermediate) 16-bit values; it does not move with max_num_seqs (128 and 1024 alike).
+    # "peak activation" of the profile run = a base (torch.compile's piecewise graphs and the sampler's
+    # buffers: it does not move with max_num_seqs) + a part per scheduled token (max_num_batched_tokens), in
+    # units of the (2 x hidden + 3 x intermediate) 16-bit values a token holds at the MLP's peak.
+    activation_base_gib: float
     activation_per_forward_value: float
+    eager_activation_saving_gib: float  # --enforce-eager (no torch.compile) peaks lower
     # Online FP8 (--quantization fp8 of a 16-bit checkpoint) keeps about one decoder layer's 16-bit linear
     # weights allocated after loading (15.86 GiB used against 15.20 GiB of FP8 payload on Qwen3-14B).
     online_fp8_extra_layers: float
+    # AWQ through Marlin holds more than its int4 payload, scales and zero points: in decoder layers' worth
+    # of int4 linear weights (9.62 GiB used against 9.30 GiB computed on Qwen3-14B-AWQ).
+    awq_marlin_extra_layers: float
     source: str
 
 
 ACCOUNTING = {
+    # Fitted to vLLM 0.26.0's start-up lines on an H200 (experiments/results/h200-qwen3-14b.duckdb): BF16
+    # weights 27.52 GiB, peak activation 1.61 GiB at 8192 batched tokens and 1.49 GiB at 2048 (1.14 GiB
+    # eager), non-torch 0.22 GiB, KV 99.27 GiB = 650,560 tokens; online FP8 weights 15.86 GiB, AWQ 9.62 GiB.
     "0.26": Accounting(
-        "0.26", False, 0.22, 1.69, 1.0,
-        "vLLM 0.26.0 on an H200, Qwen3-14B BF16 (dummy weights): weights 27.52 GiB, peak activation 1.61 GiB "
-        "at 8192 batched tokens (1.06 GiB when torch.compile artifacts come from the cache), non-torch 0.22 GiB, "
-        "KV 99.27 GiB = 650,560 tokens; online FP8 weights 15.86 GiB (issue 12)"),
+        "0.26", False, 0.22, 1.45, 0.168, 0.47, 1.0, 2.07,
+        "vLLM 0.26.0 on an H200, Qwen3-14B (dummy weights): peak activation 1.61 GiB at 8192 batched tokens, "
+        "1.49 GiB at 2048, 1.14 GiB eager (1.06 GiB when torch.compile artifacts come from the cache), "
+        "non-torch 0.22 GiB; online FP8 weights 15.86 GiB, AWQ 9.62 GiB"),
     "0.32": Accounting(
-        "0.32", True, 0.22, 1.69, 1.0,
+        "0.32", True, 0.22, 1.45, 0.168, 0.47, 1.0, 2.07,
         "vLLM 0.32 source (gpu_worker.determine_available_memory with profile_cudagraph_memory); the fitted "
         "figures are 0.26's (no GPU run of 0.32 yet)"),
 }
@@ -184,11 +193,13 @@ def weight_bytes(info: ModelInfo, quantization: str | None = None) -> WeightByte
 
 def with_loading_overhead(w: WeightBytes, info: ModelInfo, quantization: str | None, acct: Accounting) -> WeightBytes:
     """Weights as vLLM reports them after loading: online FP8 of a 16-bit checkpoint also holds about one
-    decoder layer's 16-bit linear weights (acct.online_fp8_extra_layers)."""
-    if w.dtype != "fp8" or quantization != "fp8" or info.quant_method:
-        return w
-    layer = sum(k * n for _, k, n in linear_shapes(info)) * activation_bytes(info)
-    return replace(w, loading_overhead_bytes=int(acct.online_fp8_extra_layers * layer))
+    decoder layer's 16-bit linear weights, AWQ through Marlin about two layers' int4 ones (fitted)."""
+    params = sum(k * n for _, k, n in linear_shapes(info))  # one decoder layer's linear weights
+    if w.dtype == "fp8" and quantization == "fp8" and not info.quant_method:
+        return replace(w, loading_overhead_bytes=int(acct.online_fp8_extra_layers * params * activation_bytes(info)))
+    if w.dtype == "int4" and (quantization or info.quant_method) in ("awq", "awq_marlin"):
+        return replace(w, loading_overhead_bytes=int(acct.awq_marlin_extra_layers * params // 2))
+    return w
 
 
 FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
@@ -328,7 +339,9 @@ def plan_memory(cfg: Any, info: ModelInfo, gpu: str | GpuSpec = "a100-80g", env:
     else:
         acct = accounting_for(vllm_version)
         runtime = int(acct.non_torch_gib * GiB)
-        activation = int(max_tokens * forward_values_per_token(info) * activation_bytes(info)
+        activation = int((acct.activation_base_gib - (acct.eager_activation_saving_gib
+                                                      if config_field(cfg, "enforce_eager") else 0)) * GiB
+                         + max_tokens * forward_values_per_token(info) * activation_bytes(info)
                          * acct.activation_per_forward_value)
         if not config_field(cfg, "enforce_eager"):
             sizes = cudagraph_capture_sizes(max_num_seqs, max_tokens)
@@ -336,11 +349,12 @@ def plan_memory(cfg: Any, info: ModelInfo, gpu: str | GpuSpec = "a100-80g", env:
                             + 2 * len(sizes) * CUDAGRAPH_PER_GRAPH_MIB * MiB)
         kv = requested - weights.total - runtime - activation - (cudagraph if acct.cudagraphs_in_kv_budget else 0)
         basis |= {"accounting": f"vLLM {acct.version}: {acct.source}",
-                  "weights": "exact from config.json" + (" + online-FP8 loading overhead (fitted)"
+                  "weights": "exact from config.json" + (" + loading overhead (fitted)"
                                                          if weights.loading_overhead_bytes else ""),
                   "runtime": f"non-torch memory {acct.non_torch_gib} GiB (fitted)",
-                  "activation_peak": f"{max_tokens:,} batched tokens x {acct.activation_per_forward_value} x "
-                                     "(2 hidden + 3 intermediate) 16-bit values (fitted)",
+                  "activation_peak": f"{acct.activation_base_gib} GiB + {max_tokens:,} batched tokens x "
+                                     f"{acct.activation_per_forward_value} x (2 hidden + 3 intermediate) 16-bit "
+                                     "values (fitted)",
                   "cudagraph": ("none (enforce_eager)" if not cudagraph else
                                 "estimate, taken off the KV budget" if acct.cudagraphs_in_kv_budget else
                                 "estimate, captured after the KV cache (outside gpu_memory_utilization)"),
@@ -371,11 +385,12 @@ def _why_not(plan: MemoryPlan, info: ModelInfo, on_cpu: bool) -> str | None:
         return f"{label} weights {gib_text(w.total)} > {budget} = {gib_text(plan.requested_bytes)} usable: {fix}"
     # vLLM needs one request at max_model_len, plus the null block (v1/core/kv_cache_utils.py get_kv_cache_configs).
     need_blocks = math.ceil(plan.max_model_len / plan.block_size) + 1
+    in_budget_graphs = plan.cudagraph_bytes if "taken off" in plan.basis.get("cudagraph", "") else 0
     if plan.num_blocks < need_blocks:
         fits_len = max(plan.num_blocks - 1, 0) * plan.block_size
         where = ("VLLM_CPU_KVCACHE_SPACE" if on_cpu else
                  f"{budget} = {gib_text(plan.requested_bytes)} minus weights {gib_text(w.total)} and "
-                 f"{gib_text(plan.runtime_bytes + plan.activation_peak_bytes + plan.cudagraph_bytes)} of buffers")
+                 f"{gib_text(plan.runtime_bytes + plan.activation_peak_bytes + in_budget_graphs)} of buffers")
         if plan.kv_bytes <= 0:
             return (f"no memory left for the KV cache ({where}): use a smaller quantization, lower "
                     "max_num_batched_tokens, or raise gpu_memory_utilization")
