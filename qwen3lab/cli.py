@@ -22,6 +22,9 @@ err = Console(stderr=True)
 DB = typer.Option(DEFAULT_DB, "--db", help="DuckDB file holding runs, requests and samples.")
 DRY_RUN = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing.")
 RETRY_FAILED = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed.")
+EXECUTOR = typer.Option("local", "--executor", help="local: one trial at a time here; ray: each trial a Ray task on a cluster.")
+ADDRESS = typer.Option(None, "--address", help="With --executor ray: auto (a cluster started with ray start), "
+                       "ray://HOST:10001 or HOST:PORT; unset = a one-node Ray here.")
 
 
 def _fail(exc: Exception) -> None:
@@ -43,14 +46,27 @@ def run(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
+    executor: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
     from qwen3lab import report
     from qwen3lab.measure import runner
 
+    if executor not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor!r} is not one of local, ray"))
+    if address and executor != "ray":
+        _fail(Qwen3LabError("--address needs --executor ray"))
     try:
-        results = runner.run_experiment(experiment, db, only=only, runs_dir=runs_dir, dry_run=dry_run,
-                                        retry_failed=retry_failed, fresh=fresh, console=console)
+        if executor == "ray":
+            from qwen3lab.measure import ray_executor
+
+            results = ray_executor.run_experiment(experiment, db, address, only=only, runs_dir=runs_dir,
+                                                  dry_run=dry_run, retry_failed=retry_failed, fresh=fresh,
+                                                  console=console)
+        else:
+            results = runner.run_experiment(experiment, db, only=only, runs_dir=runs_dir, dry_run=dry_run,
+                                            retry_failed=retry_failed, fresh=fresh, console=console)
     except Qwen3LabError as exc:
         _fail(exc)
     if not dry_run:
@@ -205,6 +221,31 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
         console.print(hardware_report.probe_table(found))
+
+
+@app.command()
+def k8s(
+    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
+    image: str = typer.Option(..., "--image", help="Container image with qwen3lab, vLLM and Ray installed (the same on every pod)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per worker pod (default: the most one trial needs)."),
+    nodes: int = typer.Option(1, "--nodes", help="Worker pods."),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace of every object."),
+    storage: str = typer.Option("50Gi", "--storage", help="Size of the volume holding the DuckDB and server logs."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the manifest here (default: print it)."),
+):
+    """KubeRay manifests (RayCluster + RayJob, the experiment in a ConfigMap, a volume for the DuckDB) that run it."""
+    from qwen3lab import kuberay
+
+    shape = kuberay.Shape(image=image, nodes=nodes, gpus_per_node=gpus_per_node, storage=storage, namespace=namespace)
+    try:
+        text = kuberay.manifest_text(experiment, shape)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if out:
+        out.write_text(text)
+        err.print(f"wrote {out}: kubectl apply -f {out}")
+    else:
+        sys.stdout.write(text)
 
 
 if __name__ == "__main__":  # python -m qwen3lab.cli
