@@ -1,0 +1,353 @@
+"""The Ray executor: an experiment's trials as Ray tasks on a cluster, every row stored in one DuckDB.
+
+Each trial is one task that reserves what its server needs: `num_gpus` = tensor x pipeline parallel size on
+nodes of the experiment's GPU type (Ray's accelerator type), or one `vllm_slot` (a custom resource) on CPU-only
+clusters. The task runs runner.run_trial on its node (ray_worker) and streams its writes back in batches; this
+driver alone writes DuckDB. Faults: a node or worker lost mid-trial leaves its run stored as `lost` with the
+rows that arrived, and the trial is tried again on another node (MAX_ATTEMPTS in all); a driver stopped by
+SIGTERM or Ctrl-C marks its runs `interrupted`, and running it again resumes from DuckDB; a trial that needs
+resources no node has is a pre-flight error before anything runs.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
+from qwen3lab.experiment.spec import Trial
+from qwen3lab.measure import runner
+from qwen3lab.store import Store
+
+SLOT = "vllm_slot"
+MAX_ATTEMPTS = 3  # a trial whose node is lost runs at most this many times in all
+RAY_HINT = "pip install 'ray[default]' (the same version on every node)"
+
+
+class ClusterError(Qwen3LabError):
+    pass
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise MissingDependency("ray", RAY_HINT) from exc
+    return ray
+
+
+def accelerator_type(gpu_id: str) -> str:
+    """Ray's accelerator type for a catalogue GPU, named by Ray's own rule for the NVML name it reports."""
+    from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+
+    from qwen3lab.hardware import catalogue
+
+    return NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(catalogue.get_gpu(gpu_id).name)
+
+
+def gpus_needed(trial: Trial) -> int:
+    """tensor x pipeline parallel size: the GPUs one server of this trial holds."""
+    cfg = trial.engine
+    tp = getattr(cfg, "tensor_parallel_size", None) or 1
+    args, pp = list(getattr(cfg, "extra_args", [])), 1
+    for i, arg in enumerate(args):
+        if arg.startswith("--pipeline-parallel-size="):
+            pp = int(arg.split("=", 1)[1])
+        elif arg in ("--pipeline-parallel-size", "-pp") and i + 1 < len(args):
+            pp = int(args[i + 1])
+    return tp * pp
+
+
+def demand(trial: Trial, gpu_id: str | None) -> dict[str, float]:
+    """The Ray resources one trial's task reserves on its node."""
+    if trial.engine.kind == "endpoint":
+        return {"CPU": 1}  # the server runs elsewhere: the task is only the load generator
+    if not gpu_id or gpu_id == "cpu":
+        return {SLOT: 1}
+    return {"GPU": gpus_needed(trial), f"accelerator_type:{accelerator_type(gpu_id)}": 0.001}
+
+
+def task_options(need: dict[str, float]) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_cpus": need.get("CPU", 0), "resources": {}}
+    for key, amount in need.items():
+        if key == "GPU":
+            opts["num_gpus"] = amount
+        elif key != "CPU":
+            opts["resources"][key] = amount
+    return opts
+
+
+def cluster_errors(trials: list[Trial], gpu_id: str | None, nodes: list[dict]) -> list[SpecError]:
+    """One error per kind of demand that no alive node can meet, naming the trials and what the cluster has."""
+    alive = [n for n in nodes if n.get("Alive")]
+    by_need: dict[tuple, list[Trial]] = {}
+    for trial in trials:
+        by_need.setdefault(tuple(sorted(demand(trial, gpu_id).items())), []).append(trial)
+    errors = []
+    for need, group in by_need.items():
+        if any(all(n["Resources"].get(k, 0) >= v for k, v in need) for n in alive):
+            continue
+        where = f"{group[0].chapter}/{group[0].name}" + (f" and {len(group) - 1} more" if len(group) > 1 else "")
+        wanted = dict(need)
+        types = sorted({k.split(":", 1)[1] for n in alive for k in n["Resources"] if k.startswith("accelerator_type:")})
+        if SLOT in wanted:
+            errors.append(SpecError("executor", "ray", f"a cluster with a `{SLOT}` resource on some node (these "
+                                    f"{len(alive)} nodes have none)", f"start CPU nodes with ray start --resources="
+                                    f"'{{\"{SLOT}\": 1}}' (one per server that fits the node)", where))
+        elif "GPU" in wanted:
+            typed = [n for n in alive if all(n["Resources"].get(k, 0) >= v for k, v in need if k != "GPU")]
+            if not typed:
+                errors.append(SpecError("gpu", gpu_id, f"GPU types on this cluster: {', '.join(types) or 'none'}",
+                                        "add nodes with that GPU or set the experiment's gpu: to one the cluster "
+                                        "has", where))
+            else:
+                most = int(max(n["Resources"].get("GPU", 0) for n in typed))
+                errors.append(SpecError("engine.tensor_parallel_size", int(wanted["GPU"]),
+                                        f"at most {most} GPUs (tensor x pipeline parallel) on one node of this type",
+                                        "lower tensor_parallel_size (or pipeline parallel size) or add larger "
+                                        "nodes", where))
+        else:
+            errors.append(SpecError("executor", "ray", f"a node with {wanted}", "add a node that has it", where))
+    return errors
+
+
+def connect(address: str | None):
+    """Join a cluster (`auto`, `ray://HOST:10001`, HOST:PORT) or start a one-node Ray here with one vllm_slot."""
+    ray = _ray()
+    if ray.is_initialized():
+        return ray
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(resources={SLOT: 1}, log_to_driver=False, configure_logging=False, include_dashboard=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ClusterError(f"cannot reach the Ray cluster at {address!r}: {exc}. Fix: start it (ray start --head) "
+                           "or pass --address auto / ray://HOST:10001") from exc
+    return ray
+
+
+@dataclass
+class Flight:
+    """One attempt of one trial on the cluster, as the driver follows it."""
+
+    trial: Trial
+    attempt: int
+    gen: Any
+    excluded: tuple[str, ...] = ()  # nodes lost under earlier attempts
+    run_id: str | None = None
+    node: dict = field(default_factory=dict)
+    requests: int = 0
+    bar: Any = None
+
+
+def replay(store: Store, event: tuple, flight: Flight) -> dict | None:
+    """Store one event a worker relayed; returns the trial's outcome for its last event."""
+    kind, run_id, payload = event
+    if kind == "begin_run":
+        store.begin_run(run_id=run_id, **payload)
+        flight.run_id, flight.node = run_id, payload["info_json"]["ray"]
+    elif kind == "update_run":
+        store.update_run(run_id, **payload)
+    elif kind == "finish_run":
+        ended = payload.pop("ended_at")
+        store.finish_run(run_id, payload.pop("status"), payload.pop("reason"), payload.pop("summary"), **payload)
+        store.update_run(run_id, ended_at=ended)  # the node's time, not the time it arrived here
+    elif kind == "add_requests":
+        store.add_requests(run_id, payload)
+        flight.requests += sum(not r["warmup"] for r in payload)
+    elif kind == "add_samples":
+        store.add_samples(run_id, [tuple(s) for s in payload])
+    elif kind == "result":
+        return payload
+    return None
+
+
+def _refused_on_node(store: Store, flight: Flight, outcome: dict) -> str:
+    """A trial the node's own pre-flight refused (or that raised) before its run row: stored as failed."""
+    t = flight.trial
+    run_id = store.begin_run(trial_key=t.key, experiment=t.experiment, chapter=t.chapter, trial=t.name,
+                             baseline=t.baseline, engine_kind=t.engine.kind, model=t.engine.model,
+                             config_hash=t.engine.config_hash(), status="failed", reason=outcome["reason"])
+    store.finish_run(run_id, "failed", outcome["reason"])
+    return run_id
+
+
+def run_experiment(path: str | Path, db: str, address: str | None = None, only: list[str] | None = None,
+                   runs_dir: str | Path = "runs", dry_run: bool = False, retry_failed: bool = False,
+                   fresh: bool = False, console=None, max_attempts: int = MAX_ATTEMPTS) -> list[runner.TrialResult]:
+    """Every trial of an experiment on a Ray cluster, with resume; pre-flight and cluster fit before any task."""
+    from rich.console import Console
+
+    from qwen3lab import report
+    from qwen3lab.experiment import files as xp
+    from qwen3lab.experiment import preflight
+
+    console = console or Console()
+    exp = xp.load(path)
+    trials = xp.expand(exp, only)
+    # Judged for the machine the experiment names; each node judges its trial again on itself.
+    machine = preflight.Machine.for_gpu(exp.gpu) if exp.gpu else preflight.Machine.local()
+    verdicts = preflight.check_all(trials, machine, exp.gpu)
+    if dry_run:
+        console.print(report.dry_run_table(verdicts, machine))
+    errors = [e for v in verdicts for e in v.errors]
+    if errors:
+        raise SpecErrors(errors)
+    if dry_run:
+        return []
+    ray = connect(address)
+    errors = cluster_errors(trials, exp.gpu, ray.nodes())
+    if errors:
+        raise SpecErrors(errors)
+    store = Store(db)
+    todo, results = [], []
+    for trial, verdict in zip(trials, verdicts):
+        done = None if fresh else runner.previous_run(store, trial, retry_failed, runnable_here=verdict.ok)
+        if done:
+            results.append(runner.TrialResult(trial, done[0], done[1], "already measured (resumed)"))
+            console.print(f"[dim]= {trial.chapter}/{trial.name}: {done[1]} earlier (run {done[0]})[/]")
+        else:
+            todo.append(trial)
+    results += _drive(ray, store, todo, exp.gpu, str(Path(runs_dir).resolve()), str(path), console, max_attempts)
+    order = {t.key: i for i, t in enumerate(trials)}
+    return sorted(results, key=lambda r: order[r.trial.key])
+
+
+def _submit(ray, trial: Trial, gpu_id, runs_dir, experiment_path, attempt, excluded=()) -> Any:
+    import os
+
+    from qwen3lab.measure import ray_worker
+
+    opts = task_options(demand(trial, gpu_id))
+    if excluded:  # retried elsewhere: never on a node this trial was lost on
+        opts["label_selector"] = {"ray.io/node-id": f"!in({','.join(excluded)})"}
+    remote = ray.remote(num_returns="streaming", max_retries=0)(ray_worker.trial_events)
+    overrides = {"git_commit": runner.git_commit(experiment_path)}
+    return remote.options(**opts).remote(trial.model_dump(mode="json"), runs_dir, experiment_path, overrides,
+                                         gpu_id, attempt, os.environ.get("OMP_NUM_THREADS"))
+
+
+def _drive(ray, store, trials, gpu_id, runs_dir, experiment_path, console, max_attempts):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    results = []
+    flights = [Flight(t, 1, _submit(ray, t, gpu_id, runs_dir, experiment_path, 1)) for t in trials]
+    previous = _on_sigterm()
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as bar:
+            overall = bar.add_task(f"[bold]{len(trials)} trial(s) on Ray", total=len(trials))
+            while flights:
+                ready, _ = ray.wait([f.gen for f in flights], num_returns=1, timeout=1.0)
+                for flight in [f for f in flights if any(f.gen is g for g in ready)]:
+                    label = f"{flight.trial.chapter}/{flight.trial.name}"
+                    try:
+                        events = ray.get(next(flight.gen))
+                    except StopIteration:
+                        flights.remove(flight)
+                        continue
+                    except ray.exceptions.RayTaskError as exc:  # the task's own code failed: a bug, reported
+                        flights.remove(flight)
+                        outcome = {"status": "failed", "reason": f"task error: {exc.cause!r}"}
+                        results.append(_finish(store, flight, outcome, bar, overall, label))
+                        continue
+                    except ray.exceptions.RayError as exc:  # the worker or its node is gone
+                        flights.remove(flight)
+                        retry = _lost(store, flight, exc, max_attempts, ray, gpu_id, bar, label)
+                        if retry is None:
+                            results.append(runner.TrialResult(flight.trial, flight.run_id or "", "lost",
+                                                              "lost; no attempts left"))
+                            bar.advance(overall)
+                        else:
+                            retry.gen = _submit(ray, flight.trial, gpu_id, runs_dir, experiment_path,
+                                                retry.attempt, retry.excluded)
+                            flights.append(retry)
+                        continue
+                    outcome = None
+                    for event in events:
+                        outcome = replay(store, event, flight) or outcome
+                    if flight.run_id and flight.bar is None:
+                        node = flight.node.get("node_ip", "?")
+                        flight.bar = bar.add_task(f"  {label} @ {node}", total=flight.trial.workload.num_requests
+                                                  if not flight.trial.workload.duration_s else None)
+                    if flight.bar is not None:
+                        bar.update(flight.bar, completed=flight.requests)
+                    if outcome is not None:
+                        if flight.run_id is None and outcome.get("status") == "error":
+                            flight.run_id = _refused_on_node(store, flight, outcome)
+                        results.append(_finish(store, flight, outcome, bar, overall, label))
+                        if flight.node.get("node_id"):
+                            _drop_spool(ray, runs_dir, flight)
+    except KeyboardInterrupt:
+        for flight in flights:
+            if flight.run_id:
+                store.finish_run(flight.run_id, "interrupted", "the driver was stopped (SIGTERM or Ctrl-C); "
+                                 "run the same command again to resume")
+            ray.cancel(flight.gen, force=True)  # the worker goes, and its server with it (it dies with its parent)
+        raise
+    finally:
+        _restore(previous)
+    return results
+
+
+def _finish(store, flight: Flight, outcome: dict, bar, overall, label) -> runner.TrialResult:
+    status = outcome.get("status", "failed")
+    if status == "error":
+        status = "failed"
+        if flight.run_id:
+            store.finish_run(flight.run_id, "failed", outcome["reason"])
+    if flight.bar is not None:
+        bar.remove_task(flight.bar)
+    colour = {"ok": "green", "skipped": "yellow"}.get(status, "red")
+    reason = outcome.get("reason")
+    bar.console.print(f"[{colour}]{status:>8}[/] {label} @ {flight.node.get('node_ip', '?')}"
+                      + (f": {reason}" if reason else ""))
+    bar.advance(overall)
+    return runner.TrialResult(flight.trial, flight.run_id or "", status, reason)
+
+
+def _lost(store, flight: Flight, exc, max_attempts, ray, gpu_id, bar, label) -> Flight | None:
+    """Store a lost attempt with what arrived of it; the next attempt's Flight, or None when none is left."""
+    node_id = flight.node.get("node_id")
+    excluded = flight.excluded + ((node_id,) if node_id else ())
+    elsewhere = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in excluded
+                 and all(n["Resources"].get(k, 0) >= v for k, v in demand(flight.trial, gpu_id).items())]
+    again = flight.attempt < max_attempts and bool(elsewhere)
+    why = (f"worker or node {flight.node.get('node_ip', '?')} lost mid-trial ({type(exc).__name__}); "
+           f"{flight.requests} requests stored; attempt {flight.attempt} of {max_attempts}, "
+           + ("retried on another node" if again else "no other node can run it" if not elsewhere else "no retries left"))
+    if flight.run_id:
+        store.finish_run(flight.run_id, "lost", why)
+    if flight.bar is not None:
+        bar.remove_task(flight.bar)
+    bar.console.print(f"[red]{'lost':>8}[/] {label}: {why}")
+    return Flight(flight.trial, flight.attempt + 1, None, excluded) if again else None
+
+
+def _drop_spool(ray, runs_dir: str, flight: Flight) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from qwen3lab.measure import ray_worker
+
+    strategy = NodeAffinitySchedulingStrategy(flight.node["node_id"], soft=False)
+    ray.remote(num_cpus=0, max_retries=0)(ray_worker.drop_spool).options(scheduling_strategy=strategy).remote(
+        runs_dir, flight.run_id)  # not waited for: a node gone since keeps its spool, nothing is lost
+
+
+def _on_sigterm():
+    """SIGTERM becomes KeyboardInterrupt, so a stopped driver marks its runs and cancels its tasks."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
+
+
+def _restore(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
