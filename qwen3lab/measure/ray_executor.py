@@ -10,6 +10,8 @@ resources no node has is a pre-flight error before anything runs.
 """
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -211,30 +213,37 @@ def run_experiment(path: str | Path, db: str, address: str | None = None, only: 
             console.print(f"[dim]= {trial.chapter}/{trial.name}: {done[1]} earlier (run {done[0]})[/]")
         else:
             todo.append(trial)
-    results += _drive(ray, store, todo, exp.gpu, str(Path(runs_dir).resolve()), str(path), console, max_attempts)
+    job = {"gpu_id": exp.gpu, "runs_dir": str(Path(runs_dir).resolve()), "experiment_path": str(path),
+           # what only the driver knows: the experiment file's commit, and OMP_NUM_THREADS as the user set it
+           "overrides": {"git_commit": runner.git_commit(str(path))},
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    results += _drive(ray, store, todo, job, console, max_attempts)
     order = {t.key: i for i, t in enumerate(trials)}
     return sorted(results, key=lambda r: order[r.trial.key])
 
 
-def _submit(ray, trial: Trial, gpu_id, runs_dir, experiment_path, attempt, excluded=()) -> Any:
-    import os
-
+@functools.cache
+def _remote_trial():
+    """The trial task, registered with Ray once per driver (each submission then ships only its arguments)."""
     from qwen3lab.measure import ray_worker
 
-    opts = task_options(demand(trial, gpu_id))
+    return _ray().remote(num_returns="streaming", max_retries=0)(ray_worker.trial_events)
+
+
+def _submit(trial: Trial, job: dict, attempt: int, excluded: tuple[str, ...] = ()) -> Any:
+    opts = task_options(demand(trial, job["gpu_id"]))
     if excluded:  # retried elsewhere: never on a node this trial was lost on
         opts["label_selector"] = {"ray.io/node-id": f"!in({','.join(excluded)})"}
-    remote = ray.remote(num_returns="streaming", max_retries=0)(ray_worker.trial_events)
-    overrides = {"git_commit": runner.git_commit(experiment_path)}
-    return remote.options(**opts).remote(trial.model_dump(mode="json"), runs_dir, experiment_path, overrides,
-                                         gpu_id, attempt, os.environ.get("OMP_NUM_THREADS"))
+    return _remote_trial().options(**opts).remote(
+        trial.model_dump(mode="json"), job["runs_dir"], job["experiment_path"], job["overrides"], job["gpu_id"],
+        attempt, job["omp_num_threads"])
 
 
-def _drive(ray, store, trials, gpu_id, runs_dir, experiment_path, console, max_attempts):
+def _drive(ray, store, trials, job, console, max_attempts):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     results = []
-    flights = [Flight(t, 1, _submit(ray, t, gpu_id, runs_dir, experiment_path, 1)) for t in trials]
+    flights = [Flight(t, 1, _submit(t, job, 1)) for t in trials]
     previous = _on_sigterm()
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -256,14 +265,13 @@ def _drive(ray, store, trials, gpu_id, runs_dir, experiment_path, console, max_a
                         continue
                     except ray.exceptions.RayError as exc:  # the worker or its node is gone
                         flights.remove(flight)
-                        retry = _lost(store, flight, exc, max_attempts, ray, gpu_id, bar, label)
+                        retry = _lost(store, flight, exc, max_attempts, ray, job["gpu_id"], bar, label)
                         if retry is None:
                             results.append(runner.TrialResult(flight.trial, flight.run_id or "", "lost",
                                                               "lost; no attempts left"))
                             bar.advance(overall)
                         else:
-                            retry.gen = _submit(ray, flight.trial, gpu_id, runs_dir, experiment_path,
-                                                retry.attempt, retry.excluded)
+                            retry.gen = _submit(flight.trial, job, retry.attempt, retry.excluded)
                             flights.append(retry)
                         continue
                     outcome = None
@@ -280,7 +288,7 @@ def _drive(ray, store, trials, gpu_id, runs_dir, experiment_path, console, max_a
                             flight.run_id = _refused_on_node(store, flight, outcome)
                         results.append(_finish(store, flight, outcome, bar, overall, label))
                         if flight.node.get("node_id"):
-                            _drop_spool(ray, runs_dir, flight)
+                            _drop_spool(ray, job["runs_dir"], flight)
     except KeyboardInterrupt:
         for flight in flights:
             if flight.run_id:

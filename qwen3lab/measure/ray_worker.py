@@ -45,19 +45,24 @@ class Relay:
         run_id = fields.pop("run_id", None) or new_run_id()
         fields.setdefault("started_at", now())
         fields |= self.overrides  # what only the driver knows (the experiment file's git commit)
-        fields["info_json"] = {**fields.get("info_json", {}), "ray": self.node}
+        fields = self._with_node({"info_json": {}, **fields})
         self.spool = self.runs_dir / run_id / SPOOL_NAME
         self.spool.parent.mkdir(parents=True, exist_ok=True)
         self._emit("begin_run", run_id, fields)
         return run_id
 
+    def _with_node(self, fields: dict) -> dict:
+        if "info_json" in fields:  # a later write of info replaces the column: the node stays in it
+            fields["info_json"] = {**fields["info_json"], "ray": self.node}
+        return fields
+
     def update_run(self, run_id: str, **fields: Any) -> None:
-        self._emit("update_run", run_id, fields)
+        self._emit("update_run", run_id, self._with_node(fields))
 
     def finish_run(self, run_id: str, status: str, reason: str | None = None, summary: dict | None = None,
                    **fields: Any) -> None:
         self._emit("finish_run", run_id, {"status": status, "reason": reason, "summary": summary,
-                                          "ended_at": now(), **fields})
+                                          "ended_at": now(), **self._with_node(fields)})
 
     def add_requests(self, run_id: str, records) -> None:
         self._emit("add_requests", run_id, [r if isinstance(r, dict) else record_row(r) for r in records])
