@@ -82,17 +82,33 @@ def sweep(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     param: Optional[list[str]] = typer.Option(None, "-p", "--param", help="Notebook parameter NAME=VALUE, e.g. -p num_requests=8."),
+    executor: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
-    """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
+    """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes.
+
+    With --executor ray every trial is measured on the cluster first, in parallel; the notebooks then find
+    them stored (resume) and analyse them."""
     from qwen3lab import sweep as sw
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
+    params = sw.parse_params(param)
+    if executor not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor!r} is not one of local, ray"))
+    small = sorted(set(params) & {"num_requests", "warmup_requests", "duration_s"})
+    if executor == "ray" and small:
+        _fail(Qwen3LabError(f"-p {', '.join(small)} changes the trials the notebooks run, so the cluster's "
+                            "runs would not stand for them: drop it, or sweep without --executor ray"))
     try:
         if dry_run:
             result = sw.dry_run(experiment, chapters, console=console)
         else:
-            result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
-                              console=console)
+            if executor == "ray":
+                from qwen3lab.measure import ray_executor
+
+                ray_executor.run_experiment(experiment, db, address, only=chapters, runs_dir=runs_dir,
+                                            retry_failed=retry_failed, console=console)
+            result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, console=console)
             console.print(sw.summary_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)

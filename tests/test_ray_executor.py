@@ -249,3 +249,36 @@ def test_driver_sigterm_marks_interrupted_then_resumes(cluster, tmp_path):
     (result,) = ray_executor.run_experiment(path, db, runs_dir=tmp_path / "runs")
     assert result.status == "ok"
     assert [r["status"] for r in runs_of(db)] == ["interrupted", "ok"]
+
+
+def test_search_asks_as_many_trials_as_free_slots_and_tells_each_result(cluster, tiny_server, tmp_path):
+    """Endpoint trials against one running server, so the search launches nothing itself."""
+    import optuna
+
+    from qwen3lab.experiment.spec import EndpointConfig, Trial, Workload
+    from qwen3lab.measure import ray_search
+    from qwen3lab.models import resolve_model_path
+
+    endpoint = EndpointConfig(kind="endpoint", url=tiny_server.base_url, model=tiny_server.model_name,
+                              tokenizer=str(resolve_model_path("builtin:qwen3-tiny")))
+
+    def make_trial(ask) -> Trial:
+        c = ask.suggest_int("concurrency", 1, 4)
+        return Trial(experiment="ray-search", chapter="search", name=f"trial-{ask.number}-c{c}", engine=endpoint,
+                     workload=Workload(num_requests=8, mix="fixed-128", concurrency=c, seed=ask.number))
+
+    db = str(tmp_path / "search.duckdb")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    probe = make_trial(optuna.trial.FixedTrial({"concurrency": 1}))
+    slots = ray_executor.free_slots(ray, probe, "cpu")
+    assert slots == 3  # one CPU on each of the three nodes: an endpoint trial needs only its load generator
+    results = ray_search.optimize(study, make_trial, lambda run: run["output_throughput"], 5, db, "cpu",
+                                  runs_dir=tmp_path / "runs")
+    assert [r.status for r in results] == ["ok"] * 5
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 5
+    stored = {r.trial.name: Store(db).run(r.run_id)["output_throughput"] for r in results}
+    assert sorted(t.value for t in study.trials) == sorted(stored.values())  # told what was stored
+    # In flight together, never more than the free slots: from the stored start and end times.
+    spans = [(r["started_at"], r["ended_at"]) for r in runs_of(db)]
+    most = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+    assert 2 <= most <= slots, spans

@@ -10,6 +10,7 @@ resources no node has is a pre-flight error before anything runs.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -143,6 +144,7 @@ class Flight:
     node: dict = field(default_factory=dict)
     requests: int = 0
     bar: Any = None
+    tag: Any = None  # the caller's handle (a search's optuna trial), kept across attempts
 
 
 def replay(store: Store, event: tuple, flight: Flight) -> dict | None:
@@ -213,13 +215,18 @@ def run_experiment(path: str | Path, db: str, address: str | None = None, only: 
             console.print(f"[dim]= {trial.chapter}/{trial.name}: {done[1]} earlier (run {done[0]})[/]")
         else:
             todo.append(trial)
-    job = {"gpu_id": exp.gpu, "runs_dir": str(Path(runs_dir).resolve()), "experiment_path": str(path),
-           # what only the driver knows: the experiment file's commit, and OMP_NUM_THREADS as the user set it
-           "overrides": {"git_commit": runner.git_commit(str(path))},
-           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
-    results += _drive(ray, store, todo, job, console, max_attempts)
+    results += _drive(ray, store, todo, job_for(exp.gpu, runs_dir, path), console, max_attempts)
     order = {t.key: i for i, t in enumerate(trials)}
     return sorted(results, key=lambda r: order[r.trial.key])
+
+
+def job_for(gpu_id: str | None, runs_dir: str | Path, experiment_path: str | Path | None) -> dict:
+    """What every trial task of one experiment is given beside its trial."""
+    return {"gpu_id": gpu_id, "runs_dir": str(Path(runs_dir).resolve()),
+            "experiment_path": str(experiment_path) if experiment_path else None,
+            # what only the driver knows: the experiment file's commit, and OMP_NUM_THREADS as the user set it
+            "overrides": {"git_commit": runner.git_commit(str(experiment_path) if experiment_path else None)},
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 @functools.cache
@@ -240,99 +247,142 @@ def _submit(trial: Trial, job: dict, attempt: int, excluded: tuple[str, ...] = (
 
 
 def _drive(ray, store, trials, job, console, max_attempts):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    results = []
-    flights = [Flight(t, 1, _submit(t, job, 1)) for t in trials]
-    previous = _on_sigterm()
-    try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as bar:
-            overall = bar.add_task(f"[bold]{len(trials)} trial(s) on Ray", total=len(trials))
-            while flights:
-                ready, _ = ray.wait([f.gen for f in flights], num_returns=1, timeout=1.0)
-                for flight in [f for f in flights if any(f.gen is g for g in ready)]:
-                    label = f"{flight.trial.chapter}/{flight.trial.name}"
-                    try:
-                        events = ray.get(next(flight.gen))
-                    except StopIteration:
-                        flights.remove(flight)
-                        continue
-                    except ray.exceptions.RayTaskError as exc:  # the task's own code failed: a bug, reported
-                        flights.remove(flight)
-                        outcome = {"status": "failed", "reason": f"task error: {exc.cause!r}"}
-                        results.append(_finish(store, flight, outcome, bar, overall, label))
-                        continue
-                    except ray.exceptions.RayError as exc:  # the worker or its node is gone
-                        flights.remove(flight)
-                        retry = _lost(store, flight, exc, max_attempts, ray, job["gpu_id"], bar, label)
-                        if retry is None:
-                            results.append(runner.TrialResult(flight.trial, flight.run_id or "", "lost",
-                                                              "lost; no attempts left"))
-                            bar.advance(overall)
-                        else:
-                            retry.gen = _submit(flight.trial, job, retry.attempt, retry.excluded)
-                            flights.append(retry)
-                        continue
-                    outcome = None
-                    for event in events:
-                        outcome = replay(store, event, flight) or outcome
-                    if flight.run_id and flight.bar is None:
-                        node = flight.node.get("node_ip", "?")
-                        flight.bar = bar.add_task(f"  {label} @ {node}", total=flight.trial.workload.num_requests
-                                                  if not flight.trial.workload.duration_s else None)
-                    if flight.bar is not None:
-                        bar.update(flight.bar, completed=flight.requests)
-                    if outcome is not None:
-                        if flight.run_id is None and outcome.get("status") == "error":
-                            flight.run_id = _refused_on_node(store, flight, outcome)
-                        results.append(_finish(store, flight, outcome, bar, overall, label))
-                        if flight.node.get("node_id"):
-                            _drop_spool(ray, job["runs_dir"], flight)
-    except KeyboardInterrupt:
-        for flight in flights:
-            if flight.run_id:
-                store.finish_run(flight.run_id, "interrupted", "the driver was stopped (SIGTERM or Ctrl-C); "
-                                 "run the same command again to resume")
-            ray.cancel(flight.gen, force=True)  # the worker goes, and its server with it (it dies with its parent)
-        raise
-    finally:
-        _restore(previous)
+    with progress(console, len(trials)) as bar, TrialPool(ray, store, job, bar, max_attempts) as pool:
+        for trial in trials:
+            pool.submit(trial)
+        results = []
+        while pool:
+            results += [result for _, result in pool.step()]
     return results
 
 
-def _finish(store, flight: Flight, outcome: dict, bar, overall, label) -> runner.TrialResult:
-    status = outcome.get("status", "failed")
-    if status == "error":
-        status = "failed"
+@contextlib.contextmanager
+def progress(console, total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        bar.overall = bar.add_task(f"[bold]{total} trial(s) on Ray", total=total)
+        yield bar
+
+
+class TrialPool:
+    """The trials in flight on the cluster: submit them, then step() until each has an outcome. Lost attempts
+    are stored and tried again here; leaving the pool by SIGTERM or Ctrl-C marks its runs interrupted."""
+
+    def __init__(self, ray, store: Store, job: dict, bar, max_attempts: int = MAX_ATTEMPTS):
+        self.ray, self.store, self.job, self.bar, self.max_attempts = ray, store, job, bar, max_attempts
+        self.flights: list[Flight] = []
+
+    def __len__(self) -> int:
+        return len(self.flights)
+
+    def submit(self, trial: Trial, tag: Any = None) -> None:
+        self.flights.append(Flight(trial, 1, _submit(trial, self.job, 1), tag=tag))
+
+    def step(self, timeout_s: float = 1.0) -> list[tuple[Any, runner.TrialResult]]:
+        """Store what arrived within timeout_s; (tag, result) of each trial that ended."""
+        ray, done = self.ray, []
+        ready, _ = ray.wait([f.gen for f in self.flights], num_returns=1, timeout=timeout_s)
+        for flight in [f for f in self.flights if any(f.gen is g for g in ready)]:
+            try:
+                events = ray.get(next(flight.gen))
+            except StopIteration:
+                self.flights.remove(flight)
+                continue
+            except ray.exceptions.RayTaskError as exc:  # the task's own code failed: a bug, reported
+                self.flights.remove(flight)
+                done.append((flight.tag, self._finish(flight, {"status": "error", "reason": f"task error: {exc.cause!r}"})))
+                continue
+            except ray.exceptions.RayError as exc:  # the worker or its node is gone
+                self.flights.remove(flight)
+                retry = self._lost(flight, exc)
+                if retry is None:
+                    done.append((flight.tag, runner.TrialResult(flight.trial, flight.run_id or "", "lost",
+                                                                "lost; no attempts left")))
+                    self.bar.advance(self.bar.overall)
+                else:
+                    self.flights.append(retry)
+                continue
+            outcome = None
+            for event in events:
+                outcome = replay(self.store, event, flight) or outcome
+            self._show(flight)
+            if outcome is not None:
+                done.append((flight.tag, self._finish(flight, outcome)))
+                if flight.node.get("node_id"):
+                    _drop_spool(ray, self.job["runs_dir"], flight)
+        return done
+
+    def _label(self, flight: Flight) -> str:
+        return f"{flight.trial.chapter}/{flight.trial.name}"
+
+    def _show(self, flight: Flight) -> None:
+        if flight.run_id and flight.bar is None:
+            w = flight.trial.workload
+            flight.bar = self.bar.add_task(f"  {self._label(flight)} @ {flight.node.get('node_ip', '?')}",
+                                           total=None if w.duration_s else w.num_requests)
+        if flight.bar is not None:
+            self.bar.update(flight.bar, completed=flight.requests)
+
+    def _finish(self, flight: Flight, outcome: dict) -> runner.TrialResult:
+        status, reason = outcome.get("status", "failed"), outcome.get("reason")
+        if status == "error":  # raised on the node: stored as failed, with a row of its own if it had none
+            status = "failed"
+            if flight.run_id is None:
+                flight.run_id = _refused_on_node(self.store, flight, outcome)
+            self.store.finish_run(flight.run_id, "failed", reason)
+        if flight.bar is not None:
+            self.bar.remove_task(flight.bar)
+        colour = {"ok": "green", "skipped": "yellow"}.get(status, "red")
+        self.bar.console.print(f"[{colour}]{status:>8}[/] {self._label(flight)} @ {flight.node.get('node_ip', '?')}"
+                               + (f": {reason}" if reason else ""))
+        self.bar.advance(self.bar.overall)
+        return runner.TrialResult(flight.trial, flight.run_id or "", status, reason)
+
+    def _lost(self, flight: Flight, exc) -> Flight | None:
+        """Store a lost attempt with what arrived of it; the next attempt, submitted, or None when none is left."""
+        node_id = flight.node.get("node_id")
+        excluded = flight.excluded + ((node_id,) if node_id else ())
+        need = demand(flight.trial, self.job["gpu_id"])
+        elsewhere = [n for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in excluded
+                     and all(n["Resources"].get(k, 0) >= v for k, v in need.items())]
+        again = flight.attempt < self.max_attempts and bool(elsewhere)
+        why = (f"worker or node {flight.node.get('node_ip', '?')} lost mid-trial ({type(exc).__name__}); "
+               f"{flight.requests} requests stored; attempt {flight.attempt} of {self.max_attempts}, "
+               + ("retried on another node" if again else "no other node can run it" if not elsewhere
+                  else "no retries left"))
         if flight.run_id:
-            store.finish_run(flight.run_id, "failed", outcome["reason"])
-    if flight.bar is not None:
-        bar.remove_task(flight.bar)
-    colour = {"ok": "green", "skipped": "yellow"}.get(status, "red")
-    reason = outcome.get("reason")
-    bar.console.print(f"[{colour}]{status:>8}[/] {label} @ {flight.node.get('node_ip', '?')}"
-                      + (f": {reason}" if reason else ""))
-    bar.advance(overall)
-    return runner.TrialResult(flight.trial, flight.run_id or "", status, reason)
+            self.store.finish_run(flight.run_id, "lost", why)
+        if flight.bar is not None:
+            self.bar.remove_task(flight.bar)
+        self.bar.console.print(f"[red]{'lost':>8}[/] {self._label(flight)}: {why}")
+        if not again:
+            return None
+        gen = _submit(flight.trial, self.job, flight.attempt + 1, excluded)
+        return Flight(flight.trial, flight.attempt + 1, gen, excluded, tag=flight.tag)
+
+    def __enter__(self):
+        self._previous = _on_sigterm()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        _restore(self._previous)
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            for flight in self.flights:
+                if flight.run_id:
+                    self.store.finish_run(flight.run_id, "interrupted", "the driver was stopped (SIGTERM or "
+                                          "Ctrl-C); run the same command again to resume")
+                # The worker goes, and its server with it (a server dies with the thread that started it).
+                self.ray.cancel(flight.gen, force=True)
+        return False
 
 
-def _lost(store, flight: Flight, exc, max_attempts, ray, gpu_id, bar, label) -> Flight | None:
-    """Store a lost attempt with what arrived of it; the next attempt's Flight, or None when none is left."""
-    node_id = flight.node.get("node_id")
-    excluded = flight.excluded + ((node_id,) if node_id else ())
-    elsewhere = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in excluded
-                 and all(n["Resources"].get(k, 0) >= v for k, v in demand(flight.trial, gpu_id).items())]
-    again = flight.attempt < max_attempts and bool(elsewhere)
-    why = (f"worker or node {flight.node.get('node_ip', '?')} lost mid-trial ({type(exc).__name__}); "
-           f"{flight.requests} requests stored; attempt {flight.attempt} of {max_attempts}, "
-           + ("retried on another node" if again else "no other node can run it" if not elsewhere else "no retries left"))
-    if flight.run_id:
-        store.finish_run(flight.run_id, "lost", why)
-    if flight.bar is not None:
-        bar.remove_task(flight.bar)
-    bar.console.print(f"[red]{'lost':>8}[/] {label}: {why}")
-    return Flight(flight.trial, flight.attempt + 1, None, excluded) if again else None
+def free_slots(ray, trial: Trial, gpu_id: str | None) -> int:
+    """How many tasks like this trial's the alive nodes can run at once."""
+    need = demand(trial, gpu_id)
+    return sum(min(int(n["Resources"].get(k, 0) // v) for k, v in need.items())
+               for n in ray.nodes() if n.get("Alive"))
 
 
 def _drop_spool(ray, runs_dir: str, flight: Flight) -> None:
