@@ -166,7 +166,7 @@ def test_cluster_errors_name_field_value_and_what_the_cluster_has():
     from qwen3lab.experiment.spec import Trial, Workload
 
     def trial(tp):
-        return Trial(experiment="x", name=f"tp{tp}", engine={"model": "builtin:qwen3-tiny", "tensor_parallel_size": tp},
+        return Trial(experiment="x", name=f"tp{tp}", engine={"kind": "vllm", "model": "builtin:qwen3-tiny", "tensor_parallel_size": tp},
                      workload=Workload(num_requests=1))
 
     h200 = {"Alive": True, "Resources": {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1}}
@@ -282,3 +282,18 @@ def test_search_asks_as_many_trials_as_free_slots_and_tells_each_result(cluster,
     spans = [(r["started_at"], r["ended_at"]) for r in runs_of(db)]
     most = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
     assert 2 <= most <= slots, spans
+
+
+def test_cli_refuses_what_the_ray_executor_cannot_honour(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "qwen3lab.cli", *args], capture_output=True, text=True,
+                              cwd=REPO, timeout=300)
+
+    exp = str(REPO / "experiments" / "cpu-tiny.yaml")
+    got = cli("sweep", exp, "--executor", "ray", "-p", "num_requests=8", "--db", str(tmp_path / "x.duckdb"))
+    assert got.returncode == 2 and "-p num_requests changes the trials" in got.stderr
+    got = cli("run", exp, "--address", "auto", "--db", str(tmp_path / "x.duckdb"))
+    assert got.returncode == 2 and "--address needs --executor ray" in got.stderr
+    got = cli("run", exp, "--executor", "dask", "--db", str(tmp_path / "x.duckdb"))
+    assert got.returncode == 2 and "not one of local, ray" in got.stderr
+    assert not (tmp_path / "x.duckdb").exists()
