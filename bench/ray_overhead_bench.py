@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from qwen3lab.measure import engine, ray_executor, runner
+from qwen3lab.measure import engine, executor, ray_executor
 from qwen3lab.models import resolve_model_path
 from qwen3lab.experiment.spec import EngineConfig
 from qwen3lab.store import Store
@@ -62,14 +62,13 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     rows = []
-    quiet = Console(quiet=True)
     with tempfile.TemporaryDirectory() as tmp, engine.launch(
             EngineConfig(model="builtin:qwen3-tiny", load_format="dummy", max_model_len=1024, enforce_eager=True,
                          env={"VLLM_CPU_KVCACHE_SPACE": "1"}), Path(tmp) / "server.log", ready_timeout_s=900) as server:
         folder = Path(tmp)
         path = experiment_file(folder, server, args.trials, args.requests)
         db = str(folder / "local.duckdb")
-        rows.append(measure("local", lambda: runner.run_experiment(path, db, runs_dir=folder / "runs", console=quiet), db))
+        rows.append(measure("local", lambda: executor.execute(executor.plan(path), Store(db), folder / "runs"), db))
         for nodes in (1, 2):
             cluster = Cluster()
             cluster.add_node(num_cpus=0, include_dashboard=False)  # the head runs the driver, no trial
@@ -79,8 +78,8 @@ def main() -> None:
             ray.init(address=cluster.address, log_to_driver=False)
             try:
                 db = str(folder / f"ray{nodes}.duckdb")
-                rows.append(measure(f"ray, {nodes} node(s)", lambda: ray_executor.run_experiment(
-                    path, db, runs_dir=folder / "runs", console=quiet), db))
+                rows.append(measure(f"ray, {nodes} node(s)", lambda: ray_executor.execute(
+                    executor.plan(path, for_written_gpu=True), Store(db), runs_dir=folder / "runs"), db))
             finally:
                 ray.shutdown()
                 cluster.shutdown()

@@ -8,7 +8,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from qwen3lab.errors import Qwen3LabError, SpecErrors
 from qwen3lab.store import DEFAULT_DB
@@ -46,31 +45,38 @@ def run(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
-    executor: str = EXECUTOR,
+    executor_kind: str = EXECUTOR,
     address: Optional[str] = ADDRESS,
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
-    from qwen3lab import report
-    from qwen3lab.measure import runner
+    from qwen3lab import terminal
+    from qwen3lab.measure import executor
+    from qwen3lab.store import Store
 
-    if executor not in ("local", "ray"):
-        _fail(Qwen3LabError(f"--executor {executor!r} is not one of local, ray"))
-    if address and executor != "ray":
+    if executor_kind not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
+    if address and executor_kind != "ray":
         _fail(Qwen3LabError("--address needs --executor ray"))
     try:
-        if executor == "ray":
-            from qwen3lab.measure import ray_executor
+        on_ray = executor_kind == "ray"
+        # On a cluster the trials are judged for the GPU the experiment names; each node judges its own again.
+        planned = executor.plan(experiment, only, for_written_gpu=dry_run or on_ray)
+        if dry_run:
+            terminal.print_dry_run(planned, console)
+            planned.raise_errors()
+            return
+        planned.raise_errors()
+        with terminal.TrialProgress(console) as progress:
+            if on_ray:
+                from qwen3lab.measure import ray_executor
 
-            results = ray_executor.run_experiment(experiment, db, address, only=only, runs_dir=runs_dir,
-                                                  dry_run=dry_run, retry_failed=retry_failed, fresh=fresh,
-                                                  console=console)
-        else:
-            results = runner.run_experiment(experiment, db, only=only, runs_dir=runs_dir, dry_run=dry_run,
-                                            retry_failed=retry_failed, fresh=fresh, console=console)
+                results = ray_executor.execute(planned, Store(db), address, runs_dir, retry_failed, fresh,
+                                               listener=progress)
+            else:
+                results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
-    if not dry_run:
-        console.print(report.results_table(results, db))
+    console.print(terminal.results_table(results, db))
 
 
 @app.command()
@@ -82,7 +88,7 @@ def sweep(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     param: Optional[list[str]] = typer.Option(None, "-p", "--param", help="Notebook parameter NAME=VALUE, e.g. -p num_requests=8."),
-    executor: str = EXECUTOR,
+    executor_kind: str = EXECUTOR,
     address: Optional[str] = ADDRESS,
 ):
     """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes.
@@ -90,26 +96,29 @@ def sweep(
     With --executor ray every trial is measured on the cluster first, in parallel; the notebooks then find
     them stored (resume) and analyse them."""
     from qwen3lab import sweep as sw
+    from qwen3lab import terminal
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     params = sw.parse_params(param)
-    if executor not in ("local", "ray"):
-        _fail(Qwen3LabError(f"--executor {executor!r} is not one of local, ray"))
+    if executor_kind not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
     small = sorted(set(params) & {"num_requests", "warmup_requests", "duration_s"})
-    if executor == "ray" and small:
+    if executor_kind == "ray" and small:
         _fail(Qwen3LabError(f"-p {', '.join(small)} changes the trials the notebooks run, so the cluster's "
                             "runs would not stand for them: drop it, or sweep without --executor ray"))
     try:
         if dry_run:
             result = sw.dry_run(experiment, chapters, console=console)
         else:
-            if executor == "ray":
-                from qwen3lab.measure import ray_executor
+            if executor_kind == "ray":
+                from qwen3lab.measure import executor, ray_executor
+                from qwen3lab.store import Store
 
-                ray_executor.run_experiment(experiment, db, address, only=chapters, runs_dir=runs_dir,
-                                            retry_failed=retry_failed, console=console)
+                with terminal.TrialProgress(console) as progress:
+                    ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
+                                         address, runs_dir, retry_failed, listener=progress)
             result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, console=console)
-            console.print(sw.summary_table(result, db))
+            console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
@@ -122,14 +131,14 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """List stored runs, newest first."""
-    from qwen3lab import report
+    from qwen3lab import terminal
     from qwen3lab.store import Store
 
     df = Store(db).runs(experiment=experiment)
     if as_json:
         sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2) + "\n")
     else:
-        console.print(report.runs_table(df))
+        console.print(terminal.runs_table(df))
 
 
 @app.command()
@@ -148,10 +157,10 @@ def show(run_id: str, db: str = DB):
 @app.command()
 def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment or chapter.")):
     """Every field of an experiment file, with its description."""
-    from qwen3lab import report
+    from qwen3lab import terminal
 
     try:
-        console.print(report.schema_table(section))
+        console.print(terminal.schema_table(section))
     except Qwen3LabError as exc:
         _fail(exc)
 
@@ -179,7 +188,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Before launching: what fits on a GPU (quantization x KV dtype x max_model_len), KV capacity, ceilings."""
-    from qwen3lab import hardware_report
+    from qwen3lab import terminal
     from qwen3lab.hardware import planner
 
     try:
@@ -189,7 +198,7 @@ def plan(
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     else:
-        console.print(hardware_report.plan_table(rows))
+        console.print(terminal.plan_table(rows))
 
 
 @app.command()
@@ -230,13 +239,13 @@ def import_(
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
     from qwen3lab.hardware import catalogue as hardware
-    from qwen3lab import hardware_report
+    from qwen3lab import terminal
 
     found = hardware.probe()
     if as_json:
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
-        console.print(hardware_report.probe_table(found))
+        console.print(terminal.probe_table(found))
 
 
 @app.command()

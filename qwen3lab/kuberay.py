@@ -44,15 +44,11 @@ def manifests(path: str | Path, shape: Shape) -> list[dict]:
     """The ConfigMap, PVC, RayCluster and RayJob for an experiment file (errors before anything is written)."""
     import ray
 
-    from qwen3lab.experiment import files as xp
-    from qwen3lab.experiment import preflight
-    from qwen3lab.measure import ray_executor
+    from qwen3lab.measure import executor, ray_executor
 
     path = Path(path)
-    exp = xp.load(path)
-    trials = xp.expand(exp)
-    machine = preflight.Machine.for_gpu(exp.gpu) if exp.gpu else preflight.Machine.local()
-    errors = [e for v in preflight.check_all(trials, machine, exp.gpu) for e in v.errors]
+    planned = executor.plan(path, for_written_gpu=True)  # judged for the GPU the pods will have
+    exp, trials, errors = planned.experiment, planned.trials, list(planned.errors)
     if shape.nodes < 1:
         errors.append(SpecError("--nodes", shape.nodes, "1 or more", "ask for at least one worker node"))
     gpu = bool(exp.gpu and exp.gpu != "cpu")

@@ -10,7 +10,6 @@ resources no node has is a pre-flight error before anything runs.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import signal
@@ -21,6 +20,7 @@ from typing import Any
 
 from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.experiment.spec import Trial
+from qwen3lab.analysis import selection
 from qwen3lab.measure import runner
 from qwen3lab.store import Store
 
@@ -143,7 +143,6 @@ class Flight:
     run_id: str | None = None
     node: dict = field(default_factory=dict)
     requests: int = 0
-    bar: Any = None
     tag: Any = None  # the caller's handle (a search's optuna trial), kept across attempts
 
 
@@ -179,44 +178,36 @@ def _refused_on_node(store: Store, flight: Flight, outcome: dict) -> str:
     return run_id
 
 
-def run_experiment(path: str | Path, db: str, address: str | None = None, only: list[str] | None = None,
-                   runs_dir: str | Path = "runs", dry_run: bool = False, retry_failed: bool = False,
-                   fresh: bool = False, console=None, max_attempts: int = MAX_ATTEMPTS) -> list[runner.TrialResult]:
-    """Every trial of an experiment on a Ray cluster, with resume; pre-flight and cluster fit before any task."""
-    from rich.console import Console
+def execute(planned, store: Store, address: str | None = None, runs_dir: str | Path = "runs",
+            retry_failed: bool = False, fresh: bool = False, listener=None,
+            max_attempts: int = MAX_ATTEMPTS) -> list[runner.TrialResult]:
+    """executor.execute on a Ray cluster: every planned trial (plan it with for_written_gpu=True: the trials
+    run on the nodes, not here), with resume; the cluster's fit is checked before any task starts."""
+    from qwen3lab.measure.executor import Listener
 
-    from qwen3lab import report
-    from qwen3lab.experiment import files as xp
-    from qwen3lab.experiment import preflight
-
-    console = console or Console()
-    exp = xp.load(path)
-    trials = xp.expand(exp, only)
-    # Judged for the machine the experiment names; each node judges its trial again on itself.
-    machine = preflight.Machine.for_gpu(exp.gpu) if exp.gpu else preflight.Machine.local()
-    verdicts = preflight.check_all(trials, machine, exp.gpu)
-    if dry_run:
-        console.print(report.dry_run_table(verdicts, machine))
-    errors = [e for v in verdicts for e in v.errors]
-    if errors:
-        raise SpecErrors(errors)
-    if dry_run:
-        return []
+    planned.raise_errors()
+    listener = listener or Listener()
+    gpu_id = planned.experiment.gpu
     ray = connect(address)
-    errors = cluster_errors(trials, exp.gpu, ray.nodes())
+    errors = cluster_errors(planned.trials, gpu_id, ray.nodes())
     if errors:
         raise SpecErrors(errors)
-    store = Store(db)
-    todo, results = [], []
-    for trial, verdict in zip(trials, verdicts):
-        done = None if fresh else runner.previous_run(store, trial, retry_failed, runnable_here=verdict.ok)
+    listener.started(planned)
+    results, todo = [], []
+    for verdict in planned.verdicts:
+        trial = verdict.trial
+        done = None if fresh else selection.previous_run(store, trial.key, retry_failed, runnable_here=verdict.ok)
         if done:
+            listener.resumed(trial, *done)
             results.append(runner.TrialResult(trial, done[0], done[1], "already measured (resumed)"))
-            console.print(f"[dim]= {trial.chapter}/{trial.name}: {done[1]} earlier (run {done[0]})[/]")
         else:
-            todo.append(trial)
-    results += _drive(ray, store, todo, job_for(exp.gpu, runs_dir, path), console, max_attempts)
-    order = {t.key: i for i, t in enumerate(trials)}
+            todo.append(verdict)
+    with TrialPool(ray, store, job_for(gpu_id, runs_dir, planned.path), listener, max_attempts) as pool:
+        for verdict in todo:
+            pool.submit(verdict.trial, verdict=verdict)
+        while pool:
+            results += [result for _, result in pool.step()]
+    order = {t.key: i for i, t in enumerate(planned.trials)}
     return sorted(results, key=lambda r: order[r.trial.key])
 
 
@@ -246,38 +237,22 @@ def _submit(trial: Trial, job: dict, attempt: int, excluded: tuple[str, ...] = (
         attempt, job["omp_num_threads"])
 
 
-def _drive(ray, store, trials, job, console, max_attempts):
-    with progress(console, len(trials)) as bar, TrialPool(ray, store, job, bar, max_attempts) as pool:
-        for trial in trials:
-            pool.submit(trial)
-        results = []
-        while pool:
-            results += [result for _, result in pool.step()]
-    return results
-
-
-@contextlib.contextmanager
-def progress(console, total: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
-        bar.overall = bar.add_task(f"[bold]{total} trial(s) on Ray", total=total)
-        yield bar
-
-
 class TrialPool:
     """The trials in flight on the cluster: submit them, then step() until each has an outcome. Lost attempts
-    are stored and tried again here; leaving the pool by SIGTERM or Ctrl-C marks its runs interrupted."""
+    are stored and tried again here; leaving the pool by SIGTERM or Ctrl-C marks its runs interrupted. What
+    happens reaches the caller through an executor.Listener (trials overlap: it is told per trial)."""
 
-    def __init__(self, ray, store: Store, job: dict, bar, max_attempts: int = MAX_ATTEMPTS):
-        self.ray, self.store, self.job, self.bar, self.max_attempts = ray, store, job, bar, max_attempts
+    def __init__(self, ray, store: Store, job: dict, listener, max_attempts: int = MAX_ATTEMPTS):
+        self.ray, self.store, self.job, self.listener, self.max_attempts = ray, store, job, listener, max_attempts
         self.flights: list[Flight] = []
 
     def __len__(self) -> int:
         return len(self.flights)
 
-    def submit(self, trial: Trial, tag: Any = None) -> None:
+    def submit(self, trial: Trial, tag: Any = None, verdict=None) -> None:
+        from qwen3lab.experiment import preflight
+
+        self.listener.launching(trial, verdict or preflight.Verdict(trial))
         self.flights.append(Flight(trial, 1, _submit(trial, self.job, 1), tag=tag))
 
     def step(self, timeout_s: float = 1.0) -> list[tuple[Any, runner.TrialResult]]:
@@ -298,32 +273,23 @@ class TrialPool:
                 self.flights.remove(flight)
                 retry = self._lost(flight, exc)
                 if retry is None:
-                    done.append((flight.tag, runner.TrialResult(flight.trial, flight.run_id or "", "lost",
-                                                                "lost; no attempts left")))
-                    self.bar.advance(self.bar.overall)
+                    result = runner.TrialResult(flight.trial, flight.run_id or "", "lost", "lost; no attempts left")
+                    self.listener.finished(result)
+                    done.append((flight.tag, result))
                 else:
                     self.flights.append(retry)
                 continue
+            before = flight.requests
             outcome = None
             for event in events:
                 outcome = replay(self.store, event, flight) or outcome
-            self._show(flight)
+            if flight.requests > before:
+                self.listener.requests_done(flight.trial, flight.requests - before)
             if outcome is not None:
                 done.append((flight.tag, self._finish(flight, outcome)))
                 if flight.node.get("node_id"):
                     _drop_spool(ray, self.job["runs_dir"], flight)
         return done
-
-    def _label(self, flight: Flight) -> str:
-        return f"{flight.trial.chapter}/{flight.trial.name}"
-
-    def _show(self, flight: Flight) -> None:
-        if flight.run_id and flight.bar is None:
-            w = flight.trial.workload
-            flight.bar = self.bar.add_task(f"  {self._label(flight)} @ {flight.node.get('node_ip', '?')}",
-                                           total=None if w.duration_s else w.num_requests)
-        if flight.bar is not None:
-            self.bar.update(flight.bar, completed=flight.requests)
 
     def _finish(self, flight: Flight, outcome: dict) -> runner.TrialResult:
         status, reason = outcome.get("status", "failed"), outcome.get("reason")
@@ -332,13 +298,11 @@ class TrialPool:
             if flight.run_id is None:
                 flight.run_id = _refused_on_node(self.store, flight, outcome)
             self.store.finish_run(flight.run_id, "failed", reason)
-        if flight.bar is not None:
-            self.bar.remove_task(flight.bar)
-        colour = {"ok": "green", "skipped": "yellow"}.get(status, "red")
-        self.bar.console.print(f"[{colour}]{status:>8}[/] {self._label(flight)} @ {flight.node.get('node_ip', '?')}"
-                               + (f": {reason}" if reason else ""))
-        self.bar.advance(self.bar.overall)
-        return runner.TrialResult(flight.trial, flight.run_id or "", status, reason)
+        where = f"on {flight.node['node_ip']}" if flight.node.get("node_ip") else None
+        result = runner.TrialResult(flight.trial, flight.run_id or "", status,
+                                    f"{reason} ({where})" if reason and where else reason or where)
+        self.listener.finished(result)
+        return result
 
     def _lost(self, flight: Flight, exc) -> Flight | None:
         """Store a lost attempt with what arrived of it; the next attempt, submitted, or None when none is left."""
@@ -354,9 +318,7 @@ class TrialPool:
                   else "no retries left"))
         if flight.run_id:
             self.store.finish_run(flight.run_id, "lost", why)
-        if flight.bar is not None:
-            self.bar.remove_task(flight.bar)
-        self.bar.console.print(f"[red]{'lost':>8}[/] {self._label(flight)}: {why}")
+        self.listener.log(f"{'lost':>8} {flight.trial.chapter}/{flight.trial.name}: {why}")
         if not again:
             return None
         gen = _submit(flight.trial, self.job, flight.attempt + 1, excluded)

@@ -18,10 +18,12 @@ from qwen3lab.store import Store
 
 def optimize(study, make_trial: Callable[[object], Trial], score: Callable[[dict], float], n_trials: int, db: str,
              gpu_id: str | None, runs_dir: str | Path = "runs", experiment_path: str | None = None,
-             address: str | None = None, console=None, in_flight: int | None = None) -> list[runner.TrialResult]:
-    """Run n_trials of the study on the cluster, at most `in_flight` at once (default: the free slots)."""
+             address: str | None = None, listener=None, in_flight: int | None = None) -> list[runner.TrialResult]:
+    """Run n_trials of the study on the cluster, at most `in_flight` at once (default: the free slots).
+    `listener` (an executor.Listener) is told of each trial as it starts and ends."""
     import optuna
-    from rich.console import Console
+
+    from qwen3lab.measure.executor import Listener
 
     ray = ray_executor.connect(address)
     store = Store(db)
@@ -34,8 +36,7 @@ def optimize(study, make_trial: Callable[[object], Trial], score: Callable[[dict
         raise SpecErrors(errors)
     slots = in_flight or max(ray_executor.free_slots(ray, trial, gpu_id), 1)
     results = []
-    with ray_executor.progress(console or Console(), n_trials) as bar, \
-            ray_executor.TrialPool(ray, store, job, bar) as pool:
+    with ray_executor.TrialPool(ray, store, job, listener or Listener()) as pool:
         pool.submit(trial, tag=first)
         asked = 1
         while asked < n_trials or pool:
