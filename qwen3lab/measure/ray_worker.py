@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from qwen3lab.store import new_run_id, now, record_row
+from qwen3lab.store import REQUEST_COLUMNS, new_run_id, now, record_row
 
 BATCH_S = 2.0  # how often a running trial hands its rows to the driver
 SPOOL_NAME = "spool.jsonl"
@@ -26,6 +26,7 @@ class Relay:
     def __init__(self, runs_dir: Path, overrides: dict[str, Any], node: dict[str, Any]):
         self.runs_dir, self.overrides, self.node = runs_dir, overrides, node
         self.events: list[tuple] = []
+        self.rows: dict[str, list[dict]] = {}  # what this node relayed, for run_trial's end-of-run summary
         self.lock = threading.Lock()
         self.spool: Path | None = None
 
@@ -65,7 +66,18 @@ class Relay:
                                           "ended_at": now(), **self._with_node(fields)})
 
     def add_requests(self, run_id: str, records) -> None:
-        self._emit("add_requests", run_id, [r if isinstance(r, dict) else record_row(r) for r in records])
+        rows = [r if isinstance(r, dict) else record_row(r) for r in records]
+        self.rows.setdefault(run_id, []).extend(rows)
+        self._emit("add_requests", run_id, rows)
+
+    def requests(self, run_ids, measured_only: bool = True, with_chunks: bool = True):
+        """The rows relayed so far, as store.Store.requests returns them (the summary is computed from them)."""
+        import pandas as pd
+
+        rows = [{**r, "run_id": run_id} for run_id in run_ids for r in self.rows.get(run_id, [])
+                if not (measured_only and r["warmup"])]
+        df = pd.DataFrame(sorted(rows, key=lambda r: (r["run_id"], r["idx"])), columns=list(REQUEST_COLUMNS))
+        return df if with_chunks else df.drop(columns=["chunk_times"])
 
     def add_samples(self, run_id: str, samples) -> None:
         self._emit("add_samples", run_id, [tuple(s) for s in samples])
