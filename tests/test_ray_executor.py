@@ -22,7 +22,7 @@ import pytest
 from qwen3lab.errors import SpecErrors
 from qwen3lab.store import Store
 
-from .conftest import REPO, vllm_processes as _descendants
+from .conftest import REPO, tiny_config, vllm_processes as _descendants
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -180,48 +180,6 @@ def test_cluster_errors_name_field_value_and_what_the_cluster_has():
     assert err.field == "executor" and ray_executor.SLOT in err.allowed
 
 
-def test_node_lost_mid_trial_is_stored_lost_and_retried_elsewhere(cluster, tmp_path):
-    c, nodes = cluster
-    # Paced arrivals keep the load running ~10 s, long enough to lose its node in the middle.
-    path = experiment(tmp_path, "ray-lost", "{num_requests: 40, mix: fixed-128, concurrency: 2, request_rate: 4}", """
-        main:
-          trials: [{name: paced}]
-        """)
-    db = str(tmp_path / "lost.duckdb")
-    results, failure = [], []
-
-    def drive():
-        try:
-            results.extend(on_ray(path, db, runs_dir=tmp_path / "runs"))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            failure.append(exc)
-
-    driver = threading.Thread(target=drive)
-    driver.start()
-    first = wait_for_requests(db)
-    victim_id = json.loads(first["info_json"])["ray"]["node_id"]
-    victim = next(n for n in nodes if n.node_id == victim_id)
-    servers = [p.pid for p in vllm_processes()]
-    c.remove_node(victim, allow_graceful=False)  # abrupt, as a node that fails
-    driver.join(timeout=900)
-    assert not driver.is_alive() and not failure, failure
-    try:
-        rows = runs_of(db)
-        assert [r["status"] for r in rows] == ["lost", "ok"], [(r["status"], r["reason"]) for r in rows]
-        lost, ok = rows
-        assert "lost mid-trial" in lost["reason"] and "retried on another node" in lost["reason"]
-        partial = Store(db).request_counts([lost["run_id"]]).get(lost["run_id"], 0)
-        assert 0 < partial < 40  # what arrived before the node went is kept
-        assert Store(db).request_counts([ok["run_id"]])[ok["run_id"]] == 40
-        assert json.loads(ok["info_json"])["ray"]["node_id"] != victim_id
-        assert [r.status for r in results] == ["ok"]
-        assert gone(servers), "the lost node's vLLM server outlived its worker"
-    finally:
-        nodes.remove(victim)
-        nodes.append(start_node(c, num_cpus=1, resources={ray_executor.SLOT: 1}))
-        c.wait_for_nodes()
-
-
 def test_driver_sigterm_marks_interrupted_then_resumes(cluster, tmp_path):
     c, _ = cluster
     path = experiment(tmp_path, "ray-sigterm", "{num_requests: 40, mix: fixed-128, concurrency: 2, request_rate: 4}", """
@@ -251,8 +209,16 @@ def test_driver_sigterm_marks_interrupted_then_resumes(cluster, tmp_path):
     assert [r["status"] for r in runs_of(db)] == ["interrupted", "ok"]
 
 
-def test_search_asks_as_many_trials_as_free_slots_and_tells_each_result(cluster, tiny_server, tmp_path):
-    """Endpoint trials against one running server, so the search launches nothing itself."""
+def test_search_asks_as_many_trials_as_free_slots_and_tells_each_result(cluster, tmp_path):
+    """Endpoint trials against one running server (stopped at the end: one server at a time), so the search
+    launches nothing itself."""
+    from qwen3lab.measure import engine
+
+    with engine.launch(tiny_config(max_model_len=1024), tmp_path / "server.log", ready_timeout_s=600) as server:
+        _search(server, tmp_path)
+
+
+def _search(tiny_server, tmp_path):
     import optuna
 
     from qwen3lab.experiment.spec import EndpointConfig, Trial, Workload
@@ -297,3 +263,43 @@ def test_cli_refuses_what_the_ray_executor_cannot_honour(tmp_path):
     got = cli("run", exp, "--executor", "dask", "--db", str(tmp_path / "x.duckdb"))
     assert got.returncode == 2 and "not one of local, ray" in got.stderr
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_node_lost_mid_trial_is_stored_lost_and_retried_elsewhere(cluster, tmp_path):
+    c, nodes = cluster
+    # Paced arrivals keep the load running ~10 s, long enough to lose its node in the middle.
+    path = experiment(tmp_path, "ray-lost", "{num_requests: 40, mix: fixed-128, concurrency: 2, request_rate: 4}", """
+        main:
+          trials: [{name: paced}]
+        """)
+    db = str(tmp_path / "lost.duckdb")
+    results, failure = [], []
+
+    def drive():
+        try:
+            results.extend(on_ray(path, db, runs_dir=tmp_path / "runs"))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            failure.append(exc)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    first = wait_for_requests(db)
+    victim_id = json.loads(first["info_json"])["ray"]["node_id"]
+    victim = next(n for n in nodes if n.node_id == victim_id)
+    servers = [p.pid for p in vllm_processes()]
+    c.remove_node(victim, allow_graceful=False)  # abrupt, as a node that fails
+    driver.join(timeout=900)
+    assert not driver.is_alive() and not failure, failure
+    try:
+        rows = runs_of(db)
+        assert [r["status"] for r in rows] == ["lost", "ok"], [(r["status"], r["reason"]) for r in rows]
+        lost, ok = rows
+        assert "lost mid-trial" in lost["reason"] and "retried on another node" in lost["reason"]
+        partial = Store(db).request_counts([lost["run_id"]]).get(lost["run_id"], 0)
+        assert 0 < partial < 40  # what arrived before the node went is kept
+        assert Store(db).request_counts([ok["run_id"]])[ok["run_id"]] == 40
+        assert json.loads(ok["info_json"])["ray"]["node_id"] != victim_id
+        assert [r.status for r in results] == ["ok"]
+        assert gone(servers), "the lost node's vLLM server outlived its worker"
+    finally:
+        nodes.remove(victim)  # the module's last test: the cluster is not made whole again
