@@ -108,7 +108,8 @@ def sweep(
                             "runs would not stand for them: drop it, or sweep without --executor ray"))
     try:
         if dry_run:
-            result = sw.dry_run(experiment, chapters, console=console)
+            result = sw.dry_run(experiment, chapters)
+            terminal.print_dry_run(result.planned, console)
         else:
             if executor_kind == "ray":
                 from qwen3lab.measure import executor, ray_executor
@@ -117,7 +118,8 @@ def sweep(
                 with terminal.TrialProgress(console) as progress:
                     ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
                                          address, runs_dir, retry_failed, listener=progress)
-            result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, console=console)
+            with terminal.SweepProgress(console) as progress:
+                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)

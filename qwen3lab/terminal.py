@@ -10,6 +10,7 @@ from rich.table import Table
 
 from qwen3lab.errors import SpecError
 from qwen3lab.measure.executor import Listener
+from qwen3lab.sweep import SweepListener
 
 
 def _num(v, fmt="{:.1f}") -> str:
@@ -173,6 +174,42 @@ def schema_table(section: str) -> Table:
         default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
         t.add_row(name, str(f.annotation).replace("typing.", ""), default, f.description or "")
     return t
+
+
+class SweepProgress(SweepListener):
+    """sweep.sweep shown as a progress bar over the notebooks, with each kernel's lines printed above it."""
+
+    def __init__(self, console):
+        self.console = console
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False)
+        self.name, self.overall = "", None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def started(self, experiment, executions) -> None:
+        self.name = experiment
+        self.overall = self.bar.add_task(f"[bold]sweep {experiment}", total=len(executions))
+
+    def notebook_started(self, ex) -> None:
+        self.bar.update(self.overall, description=f"[bold]sweep {self.name}[/]: {ex.notebook}")
+
+    def kernel_line(self, ex, line: str) -> None:
+        self.bar.console.print(f"[dim]{ex.notebook}[/] {line}", markup=True, highlight=False, soft_wrap=True)
+
+    def notebook_finished(self, ex) -> None:
+        colour = {"ok": "green", "interrupted": "yellow"}.get(ex.status, "red")
+        self.bar.console.print(f"[{colour}]{ex.status:>11}[/] {ex.notebook} ({ex.seconds:.0f} s) -> "
+                               f"{ex.output_path}" + (f"\n            {ex.error}" if ex.error else ""), highlight=False)
+        self.bar.advance(self.overall)
+
+    def stopped(self) -> None:
+        self.bar.console.print("[yellow]sweep stopped; run the same command again to resume[/]")
 
 
 def sweep_table(result, db: str) -> Table:

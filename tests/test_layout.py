@@ -14,7 +14,7 @@ LAYERS = [
     ["hardware.planner", "experiment.preflight", "hardware.calibrate"],
     ["measure.loadgen", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
      "measure.ray_search"],
-    ["analysis.compare", "analysis.export", "analysis.importers", "analysis.plots"],
+    ["analysis.compare", "analysis.export", "analysis.importers", "analysis.plots", "analysis.wording"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "terminal", "sweep", "dashboard_launch",
      "cli", "__main__", "kuberay"],
 ]
