@@ -12,11 +12,12 @@ LAYERS = [
     ["experiment.files", "analysis.metrics", "analysis.selection", "measure.workload", "measure.telemetry",
      "measure.engine", "hardware.memory", "hardware.roofline"],
     ["hardware.planner", "experiment.preflight", "hardware.calibrate"],
-    ["measure.loadgen", "measure.runner", "measure.executor"],
+    ["measure.loadgen", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
+     "measure.ray_search"],
     ["analysis.compare", "analysis.export", "analysis.importers", "analysis.plots", "analysis.wording",
      "analysis.efficiency"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "terminal", "sweep", "dashboard_launch",
-     "cli", "__main__"],
+     "cli", "__main__", "kuberay"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
 MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "workbook", "workbook.chapter",
