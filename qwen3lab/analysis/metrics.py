@@ -3,10 +3,17 @@
 TTFT: send -> first chunk with choices. E2EL: send -> last such chunk. TPOT: (E2EL - TTFT) / (output - 1),
 only when output > 1. ITL: gaps between consecutive chunks, pooled over requests. Goodput: requests meeting
 every per-request SLO that is set, over the duration. Percentiles are numpy's linear ones, as vLLM's.
+Duration: first measured send to the end of the load, failed requests included (vllm bench's). Output tokens:
+the server's usage count, or when it sent none, the streamed chunks (vllm bench re-tokenizes the text; one
+chunk per token is what vLLM streams).
+
+Failures count: a failed, timed-out or unfinished request is never good, and a trial meets its SLOs only when
+its failed fraction is within `slo.max_failed_fraction` (default 0) besides its latency percentiles, which,
+as vllm bench's, are over the requests that succeeded.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,18 +42,23 @@ class RequestTable:
         return cls.from_columns(
             ok=[r.ok for r in rows], ttft=[r.ttft for r in rows], e2el=[r.e2el for r in rows],
             prompt_tokens=[r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_target for r in rows],
-            output_tokens=[r.output_tokens if r.output_tokens is not None else len(r.chunk_times) for r in rows],
+            output_tokens=[r.output_tokens for r in rows],
             chunk_times=[r.chunk_times for r in rows], request_class=[r.request_class for r in rows],
         )
 
     @classmethod
-    def from_columns(cls, *, ok, ttft, e2el, prompt_tokens, output_tokens, chunk_times, request_class):
+    def from_columns(cls, *, ok, ttft, e2el, prompt_tokens, output_tokens, chunk_times, request_class,
+                     chunk_counts=None):
+        """chunk_counts: streamed chunks per request, for rows loaded without their chunk times."""
         f = lambda xs: np.array([np.nan if x is None else x for x in xs], dtype=float)  # noqa: E731
+        chunks = [np.asarray(c if c is not None else [], dtype=float) for c in chunk_times]
+        out = f(output_tokens)
+        counts = f(chunk_counts) if chunk_counts is not None else np.array([len(c) for c in chunks], dtype=float)
+        out = np.where(np.isnan(out), np.nan_to_num(counts), out)  # no usage sent: count the chunks
         return cls(
             ok=np.asarray(list(ok), dtype=bool), ttft=f(ttft), e2el=f(e2el),
             prompt_tokens=np.nan_to_num(f(prompt_tokens)).astype(np.int64),
-            output_tokens=np.nan_to_num(f(output_tokens)).astype(np.int64),
-            chunk_times=[np.asarray(c if c is not None else [], dtype=float) for c in chunk_times],
+            output_tokens=out.astype(np.int64), chunk_times=chunks,
             request_class=np.asarray(list(request_class), dtype=object),
         )
 
@@ -108,7 +120,8 @@ def summarize(table: RequestTable, duration_s: float, slo: SLO | None = None) ->
     n_in = int(table.prompt_tokens[ok].sum())
     n_out = int(table.output_tokens[ok].sum())
     out: dict[str, float] = {
-        "completed": int(ok.sum()), "failed": int((~ok).sum()), "duration": duration_s,
+        "completed": int(ok.sum()), "failed": int((~ok).sum()), "failed_fraction": failed_fraction(table),
+        "duration": duration_s,
         "total_input_tokens": n_in, "total_output_tokens": n_out,
         "request_throughput": ok.sum() / dur, "output_throughput": n_out / dur,
         "total_token_throughput": (n_in + n_out) / dur,
@@ -123,48 +136,30 @@ def summarize(table: RequestTable, duration_s: float, slo: SLO | None = None) ->
     return out
 
 
+def failed_fraction(table: RequestTable) -> float:
+    return float((~table.ok).mean()) if len(table) else 1.0
+
+
+def slo_violations(summary: dict, slo: SLO) -> list[str]:
+    """Why a trial misses its SLOs, one phrase each (empty: it meets them). Failures count first."""
+    done, failed = summary.get("completed", 0) or 0, summary.get("failed", 0) or 0
+    if done == 0:
+        return ["no request completed"]
+    why = []
+    frac = failed / (done + failed)
+    if frac > slo.max_failed_fraction:
+        why.append(f"{failed} of {done + failed} requests failed ({frac:.1%} > max_failed_fraction "
+                   f"{slo.max_failed_fraction:g})")
+    for key, limit, name in (("p95_ttft_ms", slo.ttft_p95_ms, "P95 TTFT"), ("p95_tpot_ms", slo.tpot_p95_ms, "P95 TPOT"),
+                             ("p99_e2el_ms", slo.e2el_p99_ms, "P99 E2EL")):
+        if limit is not None and not summary[key] <= limit:
+            why.append(f"{name} {summary[key]:.1f} ms > {limit:g} ms")
+    return why
+
+
 def meets_slo(summary: dict, slo: SLO) -> bool:
-    checks = [("p95_ttft_ms", slo.ttft_p95_ms), ("p95_tpot_ms", slo.tpot_p95_ms), ("p99_e2el_ms", slo.e2el_p99_ms)]
-    if summary.get("completed", 0) == 0:
-        return False
-    return all(limit is None or summary[key] <= limit for key, limit in checks)
+    return not slo_violations(summary, slo)
 
 
 def goodput(table: RequestTable, duration_s: float, slo: SLO) -> float:
     return float(table.good(per_request_slo(slo)).sum()) / max(duration_s, 1e-9)
-
-
-@dataclass
-class Interval:
-    """A point estimate with a bootstrap confidence interval."""
-
-    estimate: float
-    low: float
-    high: float
-
-    @property
-    def excludes_zero(self) -> bool:
-        return self.low > 0 or self.high < 0
-
-
-def bootstrap_two(xa: np.ndarray, xb: np.ndarray, fa: Callable[[np.ndarray], np.ndarray],
-                  fb: Callable[[np.ndarray], np.ndarray], combine: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                  n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> Interval:
-    """Percentile bootstrap of combine(fa(A), fb(B)) for two independent samples of requests.
-
-    xa, xb hold one row per request; each is resampled with replacement. fa/fb map resamples of shape
-    (draws, n, columns) to one value per draw, so thousands of draws cost a few numpy calls.
-    """
-    rng = np.random.default_rng(seed)
-    point = float(combine(fa(xa[None]), fb(xb[None]))[0])
-    values = []
-    chunk = max(1, 4_000_000 // max(xa.size + xb.size, 1))  # bound the memory of large runs
-    for start in range(0, n_boot, chunk):
-        k = min(chunk, n_boot - start)
-        da = fa(xa[rng.integers(0, len(xa), size=(k, len(xa)))])
-        db = fb(xb[rng.integers(0, len(xb), size=(k, len(xb)))])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            values.append(combine(da, db))
-    v = np.concatenate(values)
-    lo = (1 - level) / 2
-    return Interval(point, float(np.nanquantile(v, lo)), float(np.nanquantile(v, 1 - lo)))
