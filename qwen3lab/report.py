@@ -65,6 +65,9 @@ def runs_table(df) -> Table:
     t = _run_table(f"{title} (latencies in ms)", labels)
     if not vllm:
         t.add_column("vLLM")
+    if not df.empty and "validity" in df:  # an unreliable measurement says so beside its reason
+        df = df.assign(reason=[" · ".join(x for x in (r, v) if isinstance(x, str) and x)
+                               or None for r, v in zip(df.reason, df.validity)])
     reasons = not df.empty and df.reason.notna().any()
     if reasons:
         t.add_column("reason", overflow="fold", max_width=40)
@@ -111,4 +114,68 @@ def schema_table(section: str) -> Table:
     for name, f in model.model_fields.items():
         default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
         t.add_row(name, str(f.annotation).replace("typing.", ""), default, f.description or "")
+    return t
+
+
+# --- verdicts ----------------------------------------------------------------------------------------------
+def _iv(iv, fmt: str = "{:+.2f}") -> str:
+    return f"{fmt.format(iv.estimate)} (95% CI {fmt.format(iv.low)} .. {fmt.format(iv.high)})"
+
+
+def launches_text(trial) -> str:
+    n = len(trial.launches)
+    return f"{n} launch" + ("" if n == 1 else "es")
+
+
+def winner_line(v) -> str:
+    """One line: the winner, launches, margin over the runner-up and the baseline with intervals, the verdict, key."""
+    from qwen3lab.analysis import comparable
+
+    w = v.winner
+    chapters = ", ".join(v.chapters)
+    if w.winner is None:
+        why = w.ranking.why_not.iloc[0] if not w.ranking.empty else "no ok run with stored requests"
+        closest = w.ranking.label.iloc[0] if not w.ranking.empty else "-"
+        return f"no winner [{chapters}]: no trial meets the SLOs (closest: {closest}: {why})"
+    top = w.ranking.iloc[0]
+    text = (f"winner [{chapters}]: {w.winner_trial.label} ({launches_text(w.winner_trial)}), "
+            f"goodput {top.goodput:.2f} req/s")
+    if w.runner_up_trial is not None and w.margin is not None:
+        text += f"; over {w.runner_up_trial.label} ({launches_text(w.runner_up_trial)}): {_iv(w.margin)} req/s, {w.verdict}"
+
+    else:
+        text += "; the only trial that meets the SLOs"
+    if v.baseline is not None and v.over_baseline is not None:
+        text += f"; over baseline {v.baseline.label}: {_iv(v.over_baseline)} req/s"
+    return text + f"; comparability key {comparable.describe(w.winner.row)}"
+
+
+def winner_json(v) -> dict:
+    from qwen3lab.analysis import comparable
+
+    w = v.winner
+    iv = lambda x: None if x is None else {"estimate": x.estimate, "low": x.low, "high": x.high, "p_value": x.p_value}  # noqa: E731
+    return {
+        "chapters": v.chapters, "winner": w.winner_trial.label if w.winner_trial else None,
+        "winner_run_id": w.winner.run_id if w.winner else None,
+        "launches": len(w.winner_trial.launches) if w.winner_trial else 0,
+        "runner_up": w.runner_up_trial.label if w.runner_up_trial else None,
+        "runner_up_launches": len(w.runner_up_trial.launches) if w.runner_up_trial else 0,
+        "margin_goodput": iv(w.margin), "verdict": w.verdict or None,
+        "baseline": v.baseline.label if v.baseline else None, "over_baseline_goodput": iv(v.over_baseline),
+        "comparability_key": comparable.comparability_key(w.winner.row) if w.winner else w.key,
+        "comparability": comparable.key_fields(w.winner.row) if w.winner else None,
+        "ranking": w.ranking.to_dict("records"),
+    }
+
+
+def compare_table(df, a_label: str, b_label: str) -> Table:
+    t = Table(title=f"{a_label} against {b_label}", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("metric", "A", "B", "A - B (95% CI)", "change", "verdict"):
+        t.add_column(name, overflow="fold", justify="left" if name in ("metric", "verdict") else "right")
+    for r in df.to_dict("records"):
+        fmt = "{:+.1f}" if r["metric"] == "p95_ttft_ms" else "{:+.2f}"
+        t.add_row(r["metric"], _num(r["a"], fmt.replace("+", "")), _num(r["b"], fmt.replace("+", "")),
+                  f"{fmt.format(r['difference'])} ({fmt.format(r['low'])} .. {fmt.format(r['high'])})",
+                  f"{_num(r['change_pct'], '{:+.1f}')}%", r["verdict"])
     return t

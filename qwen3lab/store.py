@@ -241,7 +241,8 @@ class Store:
             params.append(list(run_ids))
         drop = () if with_json else ("summary_json", "info_json", "config_json", "workload_json", "exec_argv_json",
                                      "validity_json")
-        cols = "*" if with_json else "* EXCLUDE (" + ", ".join(drop) + ")"
+        # a lambda, not EXCLUDE: a file of an older schema (opened read-only, not migrated) lacks newer columns
+        cols = "*" if with_json else "COLUMNS(lambda c: c NOT IN (" + ", ".join(f"'{c}'" for c in drop) + "))"
         sql = f"SELECT {cols} FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY started_at DESC"
         df = self._query(sql, params)
         return df if df is not None else pd.DataFrame()

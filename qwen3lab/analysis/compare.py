@@ -296,3 +296,120 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.Da
             rec["verdict"] = stats.verdict(iv, higher, bool(sure), (rec["launches"], rec["baseline_launches"]))
             recs.append(rec)
     return pd.DataFrame(recs)
+
+
+# --- re-scoring stored runs: the winner of each comparable group, and A against B --------------------------
+@dataclass
+class Verdict:
+    """A group's winner with its margins: over the runner-up, and over the chapter's baseline."""
+
+    winner: Winner
+    chapters: list[str]
+    baseline: TrialData | None = None
+    over_baseline: Interval | None = None
+
+
+def stored_slo(store: Store, experiment: str) -> SLO:
+    """The SLOs the experiment's newest run was measured under (what `--slo` overrides)."""
+    import json
+
+    runs = store.runs(experiment=experiment)
+    text = next((s for s in runs.get("slo_json", []) if isinstance(s, str) and s), None)
+    return SLO.model_validate(json.loads(text)) if text else SLO()
+
+
+def winners(store: Store, experiment: str, slo: SLO, chapter: str | None = None,
+            include_unreliable: bool = False, n_boot: int = 2000) -> list[Verdict]:
+    """One verdict per group of comparable runs (same comparability key) of an experiment or chapter."""
+    data = chapter_trials(store, experiment, chapter, include_unreliable)
+    groups: dict[str, list[RunData]] = {}
+    for r in data:
+        groups.setdefault(comparable.comparability_key(r.row), []).append(r)
+    out = []
+    for runs in groups.values():
+        w = pick_winner(runs, slo, n_boot)
+        chapters = list(dict.fromkeys(str(r.row.get("chapter")) for r in runs))
+        v = Verdict(w, chapters)
+        if w.winner_trial is not None:
+            base_name = w.winner.row.get("baseline")
+            bases = [t for t in trials_of(runs) if isinstance(base_name, str) and t.newest.row.get("trial") == base_name
+                     and t.newest.row.get("chapter") == w.winner.row.get("chapter")]
+            if bases and bases[0].key != w.winner_trial.key:
+                v.baseline = bases[0]
+                v.over_baseline = difference(w.winner_trial, bases[0], slo, "goodput", n_boot)
+        out.append(v)
+    return out
+
+
+def resolve(store: Store, ref: str, experiment: str | None = None, include_unreliable: bool = True) -> TrialData:
+    """A run id, a trial key, or CHAPTER/TRIAL (of `experiment`) -> the trial with its ok launches."""
+    runs = store.runs(experiment=experiment, status="ok")
+    if runs.empty:
+        raise comparable.NotComparable(f"no ok runs{' of ' + experiment if experiment else ''} to find {ref!r} in")
+    labels = runs.chapter.astype(str) + "/" + runs.trial.astype(str)
+    if (runs.run_id == ref).any():
+        pick = runs[runs.run_id == ref]
+    else:
+        pick = runs[(runs.trial_key == ref) | (labels == ref)]
+        if pick.trial_key.nunique() > 1:  # one label, several configurations or workloads: the newest
+            pick = pick[pick.trial_key == pick.trial_key.iloc[0]]
+    if pick.empty:
+        raise comparable.NotComparable(
+            f"{ref!r} is neither a run id, a trial key nor CHAPTER/TRIAL of an ok run"
+            f"{' of ' + experiment if experiment else ''}: list them with `qwen3lab runs`")
+    trials = trials_of(load_runs(store, list(pick.run_id)))
+    if not trials:
+        raise comparable.NotComparable(f"{ref!r} has no stored requests to compare")
+    return trials[0]
+
+
+def compare_two(a: TrialData, b: TrialData, slo: SLO, n_boot: int = 2000) -> pd.DataFrame:
+    """Each metric of a against b: both figures, the difference, its 95% interval, and the verdict."""
+    comparable.check([a.newest.row, b.newest.row], [a.label, b.label])
+    sa, sb = a.summary(slo), b.summary(slo)
+    recs = []
+    for metric, higher in METRICS.items():
+        iv = difference(a, b, slo, metric, n_boot)
+        rel = difference(a, b, slo, metric, n_boot, relative=True)
+        key = SUMMARY_OF[metric] if SUMMARY_OF[metric] in sa else "request_throughput"
+        recs.append({"metric": metric, "a": sa[key], "b": sb[key], "difference": iv.estimate, "low": iv.low,
+                     "high": iv.high, "change_pct": rel.estimate, "low_pct": rel.low, "high_pct": rel.high,
+                     "p_value": iv.p_value,
+                     "verdict": stats.verdict(iv, higher, iv.excludes_zero, (len(a.launches), len(b.launches)))})
+    return pd.DataFrame(recs)
+
+
+def runs_under(store: Store, runs: pd.DataFrame, slo: SLO) -> pd.DataFrame:
+    """`runs` with slo_pass, request_goodput and why_not recomputed under `slo` (rows without requests: NaN)."""
+    out = runs.copy()
+    ok = list(out[out.status == "ok"].run_id) if not out.empty else []
+    by_id = {r.run_id: r.summary(slo) for r in load_runs(store, ok)}
+    out["request_goodput"] = [by_id[r]["request_goodput"] if r in by_id and "request_goodput" in by_id[r]
+                              else (by_id[r]["request_throughput"] if r in by_id else np.nan) for r in out.run_id]
+    out["slo_pass"] = [bool(by_id[r]["slo_pass"]) if r in by_id else False for r in out.run_id]
+    out["why_not"] = ["; ".join(slo_violations(by_id[r], slo)) if r in by_id else "no stored requests"
+                      for r in out.run_id]
+    return out
+
+
+def parse_slo(pairs: list[str] | None, base: SLO | None = None) -> SLO:
+    """`ttft_p95_ms=500` items over `base`; a bad one is an error naming it, the allowed fields and the fix."""
+    from qwen3lab.errors import Qwen3LabError
+
+    values = (base or SLO()).model_dump()
+    for item in pairs or []:
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or name not in SLO.model_fields:
+            raise Qwen3LabError(f"--slo {item!r}: write NAME=VALUE with NAME one of {', '.join(SLO.model_fields)}, "
+                                "e.g. --slo ttft_p95_ms=500")
+        try:
+            values[name] = None if value.strip().lower() in ("", "none") else float(value)
+        except ValueError:
+            raise Qwen3LabError(f"--slo {item!r}: {value!r} is not a number of milliseconds (or a fraction for "
+                                "max_failed_fraction); e.g. --slo tpot_p95_ms=50") from None
+    try:
+        return SLO(**values)
+    except Exception as exc:  # pydantic: a value out of range
+        raise Qwen3LabError(f"--slo: {exc}".splitlines()[0] + f" ({'; '.join(pairs or [])}): limits are > 0 ms, "
+                            "max_failed_fraction within 0..1") from None
