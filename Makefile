@@ -23,11 +23,13 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "numactl not installed: the NUMA chapter's numactl trials will be skipped"
 	touch $@
 
-# The demo runs the two chapters of the default experiment that matter on a CPU (about 8 minutes);
+# The demo runs the two chapters of the default experiment that matter on a CPU (about 10 minutes; the
+# scheduler's trials twice each, interleaved) and ends with the winner line: launches, margin, interval, verdict.
 # `qwen3lab sweep experiments/cpu-tiny.yaml` runs the whole workbook.
 demo: install
 	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --only baseline --only scheduler --db $(DB)
 	$(BIN)/qwen3lab runs --db $(DB)
+	$(BIN)/qwen3lab winner experiments/cpu-tiny.yaml --chapter scheduler --db $(DB)
 
 test: install
 	$(BIN)/python -m pytest

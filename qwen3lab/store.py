@@ -70,7 +70,7 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN comparability_key VARCHAR;
     ALTER TABLE runs ADD COLUMN validity VARCHAR;
-    ALTER TABLE runs ADD COLUMN validity_json VARCHAR;
+    ALTER TABLE runs ADD COLUMN checks_json VARCHAR;
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -240,7 +240,7 @@ class Store:
             where.append("run_id IN (SELECT unnest(?))")
             params.append(list(run_ids))
         drop = () if with_json else ("summary_json", "info_json", "config_json", "workload_json", "exec_argv_json",
-                                     "validity_json")
+                                     "checks_json")
         # a lambda, not EXCLUDE: a file of an older schema (opened read-only, not migrated) lacks newer columns
         cols = "*" if with_json else "COLUMNS(lambda c: c NOT IN (" + ", ".join(f"'{c}'" for c in drop) + "))"
         sql = f"SELECT {cols} FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY started_at DESC"
@@ -255,7 +255,7 @@ class Store:
             raise StoreError(f"no run {run_id!r} in {self.path}: list them with `qwen3lab runs`")
         row = df.iloc[0].to_dict()
         for key in ("summary_json", "info_json", "config_json", "workload_json", "slo_json", "tags_json",
-                    "exec_argv_json", "env_json", "validity_json"):
+                    "exec_argv_json", "env_json", "checks_json"):
             if row.get(key):
                 row[key.removesuffix("_json")] = json.loads(row[key])
         return row

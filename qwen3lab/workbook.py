@@ -159,14 +159,17 @@ class ChapterRun:
             raise SpecErrors(errors)
         launched = 0
         self.results = []
+        needed, skip_of = [], {}
         for trial, verdict in zip(self.trials, self.verdicts):
-            label = f"{trial.chapter}/{trial.name}"
-            done = runner.previous_run(self.store, trial, retry_failed, runnable_here=not verdict.skip)
-            if done:
-                log(f"= {label}: {done[1]} earlier (run {done[0]}), not run again")
+            n, done = runner.launches_left(self.store, trial, retry_failed, runnable_here=not verdict.skip)
+            needed.append(n)
+            skip_of[trial.key] = verdict.skip
+            if n == 0 and done:
+                log(f"= {trial.chapter}/{trial.name}: {done[1]} earlier (run {done[0]}), not run again")
                 self.results.append(runner.TrialResult(trial, done[0], done[1], "already measured (resumed)"))
-                continue
-            if not verdict.skip:
+        for trial, round_ in runner.interleave(self.trials, needed):  # launches A B C A B C
+            label = f"{trial.chapter}/{trial.name}" + (f" #{round_ + 1}/{trial.repeats}" if trial.repeats > 1 else "")
+            if not skip_of[trial.key]:
                 if max_trials is not None and launched >= max_trials:
                     log(f"- {label}: left out (max_trials={max_trials})")
                     continue

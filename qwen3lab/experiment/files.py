@@ -36,6 +36,8 @@ class Chapter(BaseModel):
     notebook: str | None = Field(None, description="Notebook that runs it (default: by chapter name).")
     baseline: str | None = Field(None, description="Trial the others are compared against (default: the first).")
     skip: str | None = Field(None, description="Why the whole chapter cannot run on this engine.")
+    repeats: int | None = Field(None, ge=1, le=50, description="Launches of each trial of this chapter (default: "
+                                "the experiment's repeats).")
     matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted key -> values, crossed.")
     trials: list[dict[str, Any]] = Field(default_factory=list, description="Trials as {name, dotted overrides}.")
 
@@ -48,6 +50,9 @@ class Experiment(BaseModel):
     engine: dict[str, Any] = Field(default_factory=dict, description="Base EngineConfig or EndpointConfig.")
     workload: dict[str, Any] = Field(default_factory=dict, description="Base Workload.")
     slo: dict[str, Any] = Field(default_factory=dict, description="SLO targets.")
+    repeats: int = Field(1, ge=1, le=50, description="Launches of each trial, interleaved across a chapter's trials "
+                         "(A B C A B C) so slow drift spreads evenly; 2 or more puts the launch-to-launch spread "
+                         "into every interval.")
     matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Chapter `main`: dotted key -> values.")
     trials: list[dict[str, Any]] = Field(default_factory=list, description="Chapter `main`: explicit trials.")
     chapters: dict[str, Chapter] = Field(default_factory=dict, description="Named chapters of the workbook.")
@@ -114,6 +119,7 @@ def _trial(exp: Experiment, chapter_name: str, chapter: Chapter, spec: dict[str,
         experiment=exp.name, chapter=chapter_name, name=str(spec["name"]), engine=engine, workload=workload,
         slo=slo, skip_reason=spec.get("skip_reason") or chapter.skip,
         baseline=None if spec["name"] == baseline else baseline, tags=spec.get("tags", {}),
+        repeats=chapter.repeats or exp.repeats,
     )
 
 

@@ -353,6 +353,8 @@ class Trial(Strict):
     skip_reason: str | None = Field(None, description="Why this trial cannot run here; it is stored as skipped.")
     baseline: str | None = Field(None, description="Name of the trial this one is compared against.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free labels (knob, recipe, ...).")
+    repeats: int = Field(1, ge=1, le=50, description="Launches of this trial, interleaved with its chapter's other "
+                         "trials; the spread between launches goes into every interval. Not part of the key.")
 
     @property
     def key(self) -> str:

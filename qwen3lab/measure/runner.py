@@ -197,7 +197,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
             check = validity.assess(table, result.duration_s, result.client_cpu_s,
                                     [r.sent_at for r in measured], planned)
-            extra |= {"validity": validity.label(check), "validity_json": check,
+            extra |= {"validity": validity.label(check), "checks_json": check,
                       "comparability_key": comparable.comparability_key({**fields, **extra})}
             if not server.alive():
                 status, reason = server.death()
@@ -248,6 +248,38 @@ def previous_run(store: Store, trial: Trial, retry_failed: bool,
     return str(done.run_id.iloc[-1]), str(done.status.iloc[-1])
 
 
+def launches_left(store: Store, trial: Trial, retry_failed: bool, runnable_here: bool = False,
+                  fresh: bool = False) -> tuple[int, tuple[str, str] | None]:
+    """(launches this trial still needs for its `repeats`, the earlier (run_id, status) that stands for it).
+
+    Ok launches count toward `repeats`; a skipped trial (not runnable here) and a failed one (unless
+    retry_failed) need none: a configuration that fails is not launched again and again.
+    """
+    if fresh:
+        return (trial.repeats if runnable_here else 1), None
+    prev = previous_run(store, trial, retry_failed, runnable_here)
+    if prev is None:  # never finished (or to be retried, or skipped elsewhere and runnable here)
+        return (trial.repeats if runnable_here else 1), None  # a skip is stored once, not once a repeat
+    if prev[1] != "ok":
+        return 0, prev
+    df = store.trial_runs(trial.key)
+    return max(trial.repeats - int((df.status == "ok").sum()), 0), prev
+
+
+def interleave(trials: list[Trial], needed: list[int]) -> list[tuple[Trial, int]]:
+    """(trial, round) launches, round by round within each chapter: A B C A B C, not A A B B C C.
+
+    A trial with launches already stored resumes at its next round, so a resumed sweep first catches up the
+    trials that are behind.
+    """
+    chapter_order = {c: i for i, c in enumerate(dict.fromkeys(t.chapter for t in trials))}
+    launches = []
+    for pos, (t, n) in enumerate(zip(trials, needed)):
+        first = max(t.repeats - n, 0)
+        launches += [((chapter_order[t.chapter], first + i, pos), t) for i in range(n)]
+    return [(t, key[1]) for key, t in sorted(launches, key=lambda x: x[0])]
+
+
 def run_experiment(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
                    dry_run: bool = False, retry_failed: bool = False, fresh: bool = False,
                    console=None, notebook_path: str | None = None) -> list[TrialResult]:
@@ -275,17 +307,21 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
         raise SpecErrors(errors)
     store = Store(db)
     results = []
+    needed, earlier = [], []
+    for trial, verdict in zip(trials, verdicts):
+        n, prev = launches_left(store, trial, retry_failed, runnable_here=verdict.ok, fresh=fresh)
+        needed.append(n)
+        earlier.append(prev)
+    plan = interleave(trials, needed)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
-        overall = bar.add_task(f"[bold]{exp.name}", total=len(trials))
-        for trial, verdict in zip(trials, verdicts):
-            label = f"{trial.chapter}/{trial.name}"
-            done = None if fresh else previous_run(store, trial, retry_failed, runnable_here=verdict.ok)
-            if done:
-                results.append(TrialResult(trial, done[0], done[1], "already measured (resumed)"))
-                bar.console.print(f"[dim]= {label}: {done[1]} earlier (run {done[0]})[/]")
-                bar.advance(overall)
-                continue
+        for trial, n, prev in zip(trials, needed, earlier):
+            if n == 0 and prev:
+                results.append(TrialResult(trial, prev[0], prev[1], "already measured (resumed)"))
+                bar.console.print(f"[dim]= {trial.chapter}/{trial.name}: {prev[1]} earlier (run {prev[0]})[/]")
+        overall = bar.add_task(f"[bold]{exp.name}: {len(plan)} launches", total=len(plan))
+        for trial, round_ in plan:
+            label = f"{trial.chapter}/{trial.name}" + (f" #{round_ + 1}/{trial.repeats}" if trial.repeats > 1 else "")
             task = bar.add_task(f"  {label}", total=trial.workload.num_requests if not trial.workload.duration_s else None)
             result = run_trial(trial, store, runs_dir, experiment_path=str(path), notebook_path=notebook_path,
                                machine=machine, progress=lambda n, t=task: bar.advance(t, n), gpu_id=exp.gpu,
