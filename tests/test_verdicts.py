@@ -244,3 +244,84 @@ def test_a_real_run_stores_its_key_its_validity_and_counts_failures(tiny_server,
     ends = (reqs.sent_at + reqs.e2el).dropna()
     assert row["duration"] >= ends.max()  # to the end of the load, failures included
     assert not row["summary"]["slo_pass"]  # failures count: max_failed_fraction defaults to 0
+
+
+# --- 4. repeats: auto, and the interleaved plan ------------------------------------------------------------
+AUTO_YAML = """
+name: auto-test
+engine: {model: builtin:qwen3-tiny, load_format: dummy, max_model_len: 2048}
+workload: {num_requests: 200, mix: fixed-128, concurrency: 16}
+slo: {ttft_p95_ms: 60000, tpot_p95_ms: 60000}
+repeats: auto
+max_repeats: 3
+chapters:
+  scheduler:
+    trials:
+      - {name: a, engine.max_num_seqs: 128}
+      - {name: b, engine.max_num_seqs: 64}
+      - {name: c, engine.enforce_eager: true}
+"""
+
+
+def _store_as(store: Store, dash: Store, source_run: str, trial) -> str:
+    """A real stored run (rows and all) filed as a launch of `trial`."""
+    row = dash.runs(run_ids=[source_run], with_json=True).iloc[0].to_dict()
+    fields = {k: v for k, v in row.items() if k != "run_id" and isinstance(v, (str, int, float))
+              and not (isinstance(v, float) and np.isnan(v))}
+    rid = store.begin_run(**{**fields, "experiment": trial.experiment, "chapter": trial.chapter, "trial": trial.name,
+                             "trial_key": trial.key})
+    store.add_requests(rid, dash.requests([source_run]).drop(columns=["chunk_count", "run_id"]).to_dict("records"))
+    store.finish_run(rid, "ok", summary={k: row[k] for k in ("duration", "completed", "failed")})
+    return rid
+
+
+def test_repeats_auto_launches_the_leading_two_until_they_separate(tmp_path, dash, sched):
+    from qwen3lab.experiment import files as xp
+    from qwen3lab.measure import runner
+
+    (tmp_path / "auto.yaml").write_text(AUTO_YAML)
+    trials = xp.expand(xp.load(tmp_path / "auto.yaml"))
+    assert [(t.repeats, t.max_repeats) for t in trials] == [(2, 3)] * 3
+    assert [(t.name, r) for t, r in runner.interleave(trials, [2, 2, 2])] == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
+    by = {r.row["trial"]: r.run_id for r in sched}
+    a, b, c = trials
+    store = Store(tmp_path / "auto.duckdb")
+    # a and b: the same measured rows twice each (A/A: no difference to find); c clearly slower
+    for t, src in ((a, "max-num-seqs-128"), (b, "max-num-seqs-128"), (c, "max-num-seqs-4")):
+        for _ in range(2):
+            _store_as(store, dash, by[src], t)
+    extra = runner.auto_launch(store, trials)
+    assert extra is not None and extra.name in ("a", "b")
+    _store_as(store, dash, by["max-num-seqs-128"], extra)
+    other = runner.auto_launch(store, trials)
+    assert other is not None and other.name in ("a", "b") and other.name != extra.name
+    _store_as(store, dash, by["max-num-seqs-128"], other)
+    assert runner.auto_launch(store, trials) is None  # both at max_repeats: the verdict stands
+
+    # separated leaders: no extra launch
+    store2 = Store(tmp_path / "sep.duckdb")
+    for t, src in ((a, "max-num-seqs-128"), (b, "max-num-seqs-4"), (c, "max-num-seqs-4")):
+        for _ in range(2):
+            _store_as(store2, dash, by[src], t)
+    assert runner.auto_launch(store2, trials) is None
+
+
+def test_bad_repeats_is_refused_naming_the_field(tmp_path):
+    from qwen3lab.errors import SpecErrors
+    from qwen3lab.experiment import files as xp
+
+    (tmp_path / "bad.yaml").write_text(AUTO_YAML.replace("repeats: auto", "repeats: often"))
+    with pytest.raises(SpecErrors, match="repeats"):
+        xp.load(tmp_path / "bad.yaml")
+
+
+def test_winners_skip_unreliable_runs_unless_asked(tmp_path, dash):
+    store = dashdata.build(tmp_path / "unreliable.duckdb", with_extras=False)
+    slo = SLO(ttft_p95_ms=60_000, tpot_p95_ms=60_000)
+    first = compare.winners(store, "cpu-tiny", slo, "scheduler")[0].winner
+    store.update_run(first.winner.run_id, validity="unreliable: client used 80% of a core (> 50%)")
+    skipped = compare.winners(store, "cpu-tiny", slo, "scheduler")[0].winner
+    assert skipped.winner_trial.key != first.winner_trial.key
+    asked = compare.winners(store, "cpu-tiny", slo, "scheduler", include_unreliable=True)[0].winner
+    assert asked.winner_trial.key == first.winner_trial.key

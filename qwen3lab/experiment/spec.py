@@ -355,6 +355,8 @@ class Trial(Strict):
     tags: dict[str, str] = Field(default_factory=dict, description="Free labels (knob, recipe, ...).")
     repeats: int = Field(1, ge=1, le=50, description="Launches of this trial, interleaved with its chapter's other "
                          "trials; the spread between launches goes into every interval. Not part of the key.")
+    max_repeats: int | None = Field(None, ge=2, le=50, description="repeats: auto: more launches while this trial "
+                                    "and the other leader cannot be told apart, up to this many.")
 
     @property
     def key(self) -> str:

@@ -280,6 +280,32 @@ def interleave(trials: list[Trial], needed: list[int]) -> list[tuple[Trial, int]
     return [(t, key[1]) for key, t in sorted(launches, key=lambda x: x[0])]
 
 
+def auto_launch(store: Store, trials: list[Trial]) -> Trial | None:
+    """repeats: auto: the next launch of one chapter, or None when its verdict stands.
+
+    While the leading two trials under the chapter's SLOs cannot be told apart (their goodput interval holds
+    zero) and both have fewer than max_repeats launches, the one with fewer launches (then the leader) gets one
+    more. Once they separate, or the cap is reached, the verdict stands.
+    """
+    from qwen3lab.analysis import compare, comparable
+
+    auto = [t for t in trials if t.max_repeats]
+    if len(auto) < 2:
+        return None
+    by_key = {t.key: t for t in auto}
+    runs = [r for r in compare.chapter_trials(store, auto[0].experiment, auto[0].chapter) if r.trial_key in by_key]
+    try:
+        w = compare.pick_winner(runs, auto[0].slo, n_boot=1000)
+    except comparable.NotComparable:
+        return None  # the chapter's trials sent different requests: no pair to separate
+    if w.winner_trial is None or w.runner_up_trial is None or not w.within_noise:
+        return None
+    pair = sorted((w.winner_trial, w.runner_up_trial), key=lambda t: len(t.launches))
+    first = pair[0]
+    cap = by_key[first.key].max_repeats or 0
+    return by_key[first.key] if len(first.launches) < cap else None
+
+
 def run_experiment(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
                    dry_run: bool = False, retry_failed: bool = False, fresh: bool = False,
                    console=None, notebook_path: str | None = None) -> list[TrialResult]:
@@ -331,4 +357,14 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
             bar.console.print(f"[{colour}]{result.status:>8}[/] {label}" + (f": {result.reason}" if result.reason else ""))
             results.append(result)
             bar.advance(overall)
+        for chapter in dict.fromkeys(t.chapter for t in trials):  # repeats: auto, until the verdict stands
+            mine = [t for t in trials if t.chapter == chapter]
+            while (extra := auto_launch(store, mine)) is not None:
+                bar.console.print(f"[dim]+ {chapter}/{extra.name}: the leading two cannot be told apart yet; "
+                                  f"one more launch (auto, at most {extra.max_repeats})[/]")
+                result = run_trial(extra, store, runs_dir, experiment_path=str(path), notebook_path=notebook_path,
+                                   machine=machine, gpu_id=exp.gpu, log=bar.console.print)
+                results.append(result)
+                if result.status != "ok":
+                    break  # a failing launch would be asked for again and again
     return results
