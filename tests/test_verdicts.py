@@ -277,7 +277,7 @@ def _store_as(store: Store, dash: Store, source_run: str, trial) -> str:
 
 def test_repeats_auto_launches_the_leading_two_until_they_separate(tmp_path, dash, sched):
     from qwen3lab.experiment import files as xp
-    from qwen3lab.measure import runner
+    from qwen3lab.measure import executor as runner
 
     (tmp_path / "auto.yaml").write_text(AUTO_YAML)
     trials = xp.expand(xp.load(tmp_path / "auto.yaml"))

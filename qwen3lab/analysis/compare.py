@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis import comparable, stats
-from qwen3lab.analysis.metrics import RequestTable, per_request_slo, slo_violations, summarize
+from qwen3lab.analysis import comparable, selection, stats
+from qwen3lab.analysis.metrics import RequestTable, per_request_slo, request_table, slo_violations, summarize
 from qwen3lab.analysis.stats import Interval
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
@@ -27,20 +27,6 @@ from qwen3lab.store import Store
 # metric -> higher is better
 METRICS = {"goodput": True, "output_throughput": True, "p95_ttft_ms": False}
 SUMMARY_OF = {"goodput": "request_goodput", "output_throughput": "output_throughput", "p95_ttft_ms": "p95_ttft_ms"}
-
-
-def request_table(requests: pd.DataFrame) -> RequestTable:
-    """A RequestTable from stored request rows (measured ones; the store drops warmup by default)."""
-    ok = requests.error.isna() & requests.ttft.notna()
-    has_chunks = "chunk_times" in requests
-    return RequestTable.from_columns(
-        ok=ok, ttft=requests.ttft.tolist(), e2el=requests.e2el.tolist(),
-        prompt_tokens=requests.prompt_tokens.fillna(requests.prompt_tokens_target).tolist(),
-        output_tokens=requests.output_tokens.astype(object).where(requests.output_tokens.notna(), None).tolist(),
-        chunk_times=requests.chunk_times.tolist() if has_chunks else [[]] * len(requests),
-        chunk_counts=None if has_chunks else requests.get("chunk_count", pd.Series([0] * len(requests))).tolist(),
-        request_class=requests.request_class.tolist(),
-    )
 
 
 @dataclass
@@ -243,8 +229,13 @@ def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 2000) -> Winner:
 
 def chapter_trials(store: Store, experiment: str, chapter: str | None = None,
                    include_unreliable: bool = False) -> list[RunData]:
-    """Every ok launch of an experiment (or one chapter): the runs that stand for its trials."""
-    runs = store.runs(experiment=experiment, chapter=chapter, status="ok")
+    """Every ok launch of every trial key of an experiment (or one chapter), reliable ones unless asked.
+
+    Not only the current definition of each name (selection.current): a smoke run with fewer requests is its
+    own trial, set only against runs of its own comparability key, and never hides the full measurement.
+    """
+    runs = store.runs(experiment=experiment, chapter=chapter)
+    runs = runs[runs.status.isin(selection.MEASURED)] if not runs.empty else runs
     if runs.empty:
         return []
     if not include_unreliable and "validity" in runs:

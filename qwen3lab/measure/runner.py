@@ -132,7 +132,7 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
         baseline=trial.baseline, engine_kind=cfg.kind, model=cfg.model,
         config_json=cfg.model_dump(mode="json", exclude={"api_key"}), config_hash=cfg.config_hash(),
         workload_json=trial.workload.model_dump(mode="json"), slo_json=trial.slo.model_dump(mode="json"),
-        tags_json=trial.tags, launch_command=cfg.to_shell() if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
+        tags_json=trial.tags, launch_command=engine.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
         env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
         host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
     )
@@ -141,11 +141,13 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
 def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
               notebook_path: str | None = None, machine: preflight.Machine | None = None,
               progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
-              ready_timeout_s: float = 900.0, gpu_id: str | None = None) -> TrialResult:
-    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial."""
+              ready_timeout_s: float = 900.0, gpu_id: str | None = None,
+              verdict: preflight.Verdict | None = None) -> TrialResult:
+    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial.
+    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan)."""
     probe = hardware.probe()
-    machine = machine or preflight.Machine.local()
-    verdict = preflight.check(trial, machine, gpu_id)
+    if verdict is None:
+        verdict = preflight.check(trial, machine or preflight.Machine.local(), gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
     fields = _provenance(trial, experiment_path, notebook_path, probe)
@@ -184,8 +186,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             result, scraped = run_sync(_measure(server, requests, trial, flusher.add))
             sampler.stop()
             flusher.flush()
-            table = metrics.RequestTable.from_records(result.records)
-            summary = metrics.summarize(table, result.duration_s, trial.slo)
+            # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
+            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
             summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
             summary |= sampler.summary() if sampler.samples else {}
@@ -195,8 +197,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             extra |= {"client_cpu_s": result.client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
             measured = [r for r in result.records if not r.warmup]
             planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
-            check = validity.assess(table, result.duration_s, result.client_cpu_s,
-                                    [r.sent_at for r in measured], planned)
+            check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
+                                    result.client_cpu_s, [r.sent_at for r in measured], planned)
             extra |= {"validity": validity.label(check), "checks_json": check,
                       "comparability_key": comparable.comparability_key({**fields, **extra})}
             if not server.alive():
@@ -227,144 +229,3 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
 
 def _first_error(records: list[RequestRecord]) -> str:
     return next((r.error for r in records if r.error), "no request completed")
-
-
-FINISHED = ("ok", "skipped")
-FAILED = ("failed", "oom", "timeout", "crashed")
-
-
-def previous_run(store: Store, trial: Trial, retry_failed: bool,
-                 runnable_here: bool = False) -> tuple[str, str] | None:
-    """(run_id, status) of an earlier run that makes this trial done; None when it must run (again).
-
-    A trial skipped earlier is run when it is `runnable_here` (it could not run where it was judged before).
-    """
-    df = store.trial_runs(trial.key)
-    if df is None or df.empty:
-        return None
-    done = df[df.status.isin(FINISHED + (() if retry_failed else FAILED))]
-    if done.empty or (runnable_here and done.status.iloc[-1] == "skipped"):
-        return None
-    return str(done.run_id.iloc[-1]), str(done.status.iloc[-1])
-
-
-def launches_left(store: Store, trial: Trial, retry_failed: bool, runnable_here: bool = False,
-                  fresh: bool = False) -> tuple[int, tuple[str, str] | None]:
-    """(launches this trial still needs for its `repeats`, the earlier (run_id, status) that stands for it).
-
-    Ok launches count toward `repeats`; a skipped trial (not runnable here) and a failed one (unless
-    retry_failed) need none: a configuration that fails is not launched again and again.
-    """
-    if fresh:
-        return (trial.repeats if runnable_here else 1), None
-    prev = previous_run(store, trial, retry_failed, runnable_here)
-    if prev is None:  # never finished (or to be retried, or skipped elsewhere and runnable here)
-        return (trial.repeats if runnable_here else 1), None  # a skip is stored once, not once a repeat
-    if prev[1] != "ok":
-        return 0, prev
-    df = store.trial_runs(trial.key)
-    return max(trial.repeats - int((df.status == "ok").sum()), 0), prev
-
-
-def interleave(trials: list[Trial], needed: list[int]) -> list[tuple[Trial, int]]:
-    """(trial, round) launches, round by round within each chapter: A B C A B C, not A A B B C C.
-
-    A trial with launches already stored resumes at its next round, so a resumed sweep first catches up the
-    trials that are behind.
-    """
-    chapter_order = {c: i for i, c in enumerate(dict.fromkeys(t.chapter for t in trials))}
-    launches = []
-    for pos, (t, n) in enumerate(zip(trials, needed)):
-        first = max(t.repeats - n, 0)
-        launches += [((chapter_order[t.chapter], first + i, pos), t) for i in range(n)]
-    return [(t, key[1]) for key, t in sorted(launches, key=lambda x: x[0])]
-
-
-def auto_launch(store: Store, trials: list[Trial]) -> Trial | None:
-    """repeats: auto: the next launch of one chapter, or None when its verdict stands.
-
-    While the leading two trials under the chapter's SLOs cannot be told apart (their goodput interval holds
-    zero) and both have fewer than max_repeats launches, the one with fewer launches (then the leader) gets one
-    more. Once they separate, or the cap is reached, the verdict stands.
-    """
-    from qwen3lab.analysis import compare, comparable
-
-    auto = [t for t in trials if t.max_repeats]
-    if len(auto) < 2:
-        return None
-    by_key = {t.key: t for t in auto}
-    runs = [r for r in compare.chapter_trials(store, auto[0].experiment, auto[0].chapter) if r.trial_key in by_key]
-    try:
-        w = compare.pick_winner(runs, auto[0].slo, n_boot=1000)
-    except comparable.NotComparable:
-        return None  # the chapter's trials sent different requests: no pair to separate
-    if w.winner_trial is None or w.runner_up_trial is None or not w.within_noise:
-        return None
-    pair = sorted((w.winner_trial, w.runner_up_trial), key=lambda t: len(t.launches))
-    first = pair[0]
-    cap = by_key[first.key].max_repeats or 0
-    return by_key[first.key] if len(first.launches) < cap else None
-
-
-def run_experiment(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
-                   dry_run: bool = False, retry_failed: bool = False, fresh: bool = False,
-                   console=None, notebook_path: str | None = None) -> list[TrialResult]:
-    """Every trial of an experiment, in order, with resume: all pre-flight errors are raised before any launch."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from qwen3lab.experiment import files as xp
-    from qwen3lab import report
-
-    console = console or Console()
-    exp = xp.load(path)
-    trials = xp.expand(exp, only)
-    machine = preflight.Machine.for_gpu(exp.gpu) if dry_run and exp.gpu else preflight.Machine.local()
-    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
-    verdicts = preflight.check_all(trials, machine, exp.gpu)
-    if dry_run:
-        console.print(report.dry_run_table(verdicts, machine))
-        errors = [e for v in verdicts for e in v.errors]
-        if errors:
-            raise SpecErrors(errors)
-        return []
-    errors = [e for v in verdicts for e in v.errors]
-    if errors:
-        raise SpecErrors(errors)
-    store = Store(db)
-    results = []
-    needed, earlier = [], []
-    for trial, verdict in zip(trials, verdicts):
-        n, prev = launches_left(store, trial, retry_failed, runnable_here=verdict.ok, fresh=fresh)
-        needed.append(n)
-        earlier.append(prev)
-    plan = interleave(trials, needed)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
-        for trial, n, prev in zip(trials, needed, earlier):
-            if n == 0 and prev:
-                results.append(TrialResult(trial, prev[0], prev[1], "already measured (resumed)"))
-                bar.console.print(f"[dim]= {trial.chapter}/{trial.name}: {prev[1]} earlier (run {prev[0]})[/]")
-        overall = bar.add_task(f"[bold]{exp.name}: {len(plan)} launches", total=len(plan))
-        for trial, round_ in plan:
-            label = f"{trial.chapter}/{trial.name}" + (f" #{round_ + 1}/{trial.repeats}" if trial.repeats > 1 else "")
-            task = bar.add_task(f"  {label}", total=trial.workload.num_requests if not trial.workload.duration_s else None)
-            result = run_trial(trial, store, runs_dir, experiment_path=str(path), notebook_path=notebook_path,
-                               machine=machine, progress=lambda n, t=task: bar.advance(t, n), gpu_id=exp.gpu,
-                               log=bar.console.print)
-            bar.remove_task(task)
-            colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
-            bar.console.print(f"[{colour}]{result.status:>8}[/] {label}" + (f": {result.reason}" if result.reason else ""))
-            results.append(result)
-            bar.advance(overall)
-        for chapter in dict.fromkeys(t.chapter for t in trials):  # repeats: auto, until the verdict stands
-            mine = [t for t in trials if t.chapter == chapter]
-            while (extra := auto_launch(store, mine)) is not None:
-                bar.console.print(f"[dim]+ {chapter}/{extra.name}: the leading two cannot be told apart yet; "
-                                  f"one more launch (auto, at most {extra.max_repeats})[/]")
-                result = run_trial(extra, store, runs_dir, experiment_path=str(path), notebook_path=notebook_path,
-                                   machine=machine, gpu_id=exp.gpu, log=bar.console.print)
-                results.append(result)
-                if result.status != "ok":
-                    break  # a failing launch would be asked for again and again
-    return results

@@ -1,0 +1,80 @@
+"""The 99 report: every trial of an experiment side by side (selection.current), the winner under its SLOs,
+and each knob's effect against its baseline."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from qwen3lab.analysis import selection
+from qwen3lab.experiment import files as xp
+from qwen3lab.experiment.spec import SLO
+from qwen3lab.store import Store
+from qwen3lab.workbook.chapter import RUN_COLUMNS, setup_plotly
+
+
+# --- 99 report --------------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    experiment: xp.Experiment
+    store: Store
+    runs: pd.DataFrame  # the current run of each (chapter, trial)
+    winners: list  # compare.Verdict, one per group of comparable runs
+    claims: pd.DataFrame
+
+    @property
+    def winner(self) -> Any:
+        """The winner of the first comparable group (most reports have one group per workload)."""
+        return self.winners[0].winner if self.winners else None
+
+    def table(self) -> pd.DataFrame:
+        cols = [c for c in RUN_COLUMNS if c in self.runs]
+        return self.runs[cols] if not self.runs.empty else self.runs
+
+    def ranking(self) -> pd.DataFrame:
+        """Each comparable group's ranking, one after the other, the group's chapters in the first column."""
+        parts = [v.winner.ranking.assign(group=", ".join(v.chapters)) for v in self.winners if not v.winner.ranking.empty]
+        if not parts:
+            return pd.DataFrame()
+        df = pd.concat(parts, ignore_index=True)
+        return df[["group", *[c for c in df if c != "group"]]]
+
+    def verdict(self):
+        from IPython.display import Markdown
+
+        from qwen3lab import report as text
+
+        if self.runs.empty:
+            return Markdown("No runs of this experiment in this database yet: run the chapters first.")
+        if not self.winners:
+            return Markdown("No ok run of this experiment has stored requests to rank.")
+        lines = [f"**Under the SLOs** ({json.dumps(self.experiment.slo)}), only runs of one workload, tokenizer, "
+                 "machine and vLLM build are ranked together:"]
+        for v in self.winners:
+            lines.append(f"- {text.winner_line(v)}")
+            if v.winner.winner is not None and v.winner.winner.row.get("launch_command"):
+                lines.append(f"\n  ```\n  {v.winner.winner.row['launch_command']}\n  ```")
+        return Markdown("\n".join(lines))
+
+
+def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report:
+    """All trials of an experiment side by side, the winner of each comparable group, and each knob's effect."""
+    from qwen3lab.analysis import compare
+
+    setup_plotly()
+    exp = xp.load(experiment)
+    store = Store(db)
+    slo = SLO(**exp.slo)
+    runs = store.runs(experiment=exp.name)
+    if not runs.empty:
+        runs = selection.current(runs)
+        order = {c: i for i, c in enumerate(exp.all_chapters())}
+        runs = runs.sort_values(["chapter", "trial"], key=lambda s: s.map(order) if s.name == "chapter" else s)
+        runs = runs.reset_index(drop=True)
+    ok = not runs.empty and (runs.status == "ok").any()
+    winners = compare.winners(store, exp.name, slo, n_boot=n_boot) if ok else []
+    claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok else pd.DataFrame()
+    return Report(exp, store, runs, winners, claims)
