@@ -201,7 +201,8 @@ def winner_line(v) -> str:
     if w.winner is None:
         why = w.ranking.why_not.iloc[0] if not w.ranking.empty else "no ok run with stored requests"
         closest = w.ranking.label.iloc[0] if not w.ranking.empty else "-"
-        return f"no winner [{chapters}]: no trial meets the SLOs (closest: {closest}: {why})"
+        left = f"; {v.unreliable_out} unreliable launches left out" if v.unreliable_out else ""
+        return f"no winner [{chapters}]: no trial meets the SLOs (closest: {closest}: {why}){left}"
     top = w.ranking.iloc[0]
     text = (f"winner [{chapters}]: {w.winner_trial.label} ({launches_text(w.winner_trial)}), "
             f"goodput {top.goodput:.2f} req/s")
@@ -212,6 +213,10 @@ def winner_line(v) -> str:
         text += "; the only trial that meets the SLOs"
     if v.baseline is not None and v.over_baseline is not None:
         text += f"; over baseline {v.baseline.label}: {_iv(v.over_baseline)} req/s"
+    if v.unreliable_in:
+        text += f"; {v.unreliable_in} of the launches ranked are marked unreliable (see `qwen3lab runs`)"
+    if v.unreliable_out:
+        text += f"; {v.unreliable_out} unreliable launches left out (--include-unreliable counts them)"
     return text + f"; comparability key {comparable.describe(w.winner.row)}"
 
 
@@ -230,6 +235,7 @@ def winner_json(v) -> dict:
         "baseline": v.baseline.label if v.baseline else None, "over_baseline_goodput": iv(v.over_baseline),
         "comparability_key": comparable.comparability_key(w.winner.row) if w.winner else w.key,
         "comparability": comparable.key_fields(w.winner.row) if w.winner else None,
+        "unreliable_launches_ranked": v.unreliable_in, "unreliable_launches_left_out": v.unreliable_out,
         "ranking": w.ranking.to_dict("records"),
     }
 

@@ -238,9 +238,16 @@ def chapter_trials(store: Store, experiment: str, chapter: str | None = None,
     runs = runs[runs.status.isin(selection.MEASURED)] if not runs.empty else runs
     if runs.empty:
         return []
-    if not include_unreliable and "validity" in runs:
-        runs = runs[runs.validity.isna() | (runs.validity == "")]
+    if not include_unreliable:
+        runs = runs[~unreliable(runs)]
     return load_runs(store, list(runs.run_id))
+
+
+def unreliable(runs: pd.DataFrame) -> pd.Series:
+    """Runs marked "unreliable: ..." by analysis/validity.py (older files have no such column: none are)."""
+    if "validity" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs.validity.fillna("").astype(str).str.startswith("unreliable")
 
 
 def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.DataFrame:
@@ -298,6 +305,8 @@ class Verdict:
     chapters: list[str]
     baseline: TrialData | None = None
     over_baseline: Interval | None = None
+    unreliable_in: int = 0  # launches ranked here although marked unreliable (--include-unreliable)
+    unreliable_out: int = 0  # launches of the experiment (or chapter) left out as unreliable
 
 
 def stored_slo(store: Store, experiment: str) -> SLO:
@@ -313,6 +322,12 @@ def winners(store: Store, experiment: str, slo: SLO, chapter: str | None = None,
             include_unreliable: bool = False, n_boot: int = 2000) -> list[Verdict]:
     """One verdict per group of comparable runs (same comparability key) of an experiment or chapter."""
     data = chapter_trials(store, experiment, chapter, include_unreliable)
+    everything = store.runs(experiment=experiment, chapter=chapter, status="ok")
+    marked = int(unreliable(everything).sum()) if not everything.empty else 0
+    if not data and marked:
+        raise comparable.NotComparable(
+            f"every ok run of {experiment}{' chapter ' + chapter if chapter else ''} ({marked}) is marked unreliable "
+            "(see `qwen3lab runs`): pass --include-unreliable to rank them anyway, or measure on a quieter machine")
     groups: dict[str, list[RunData]] = {}
     for r in data:
         groups.setdefault(comparable.comparability_key(r.row), []).append(r)
@@ -320,7 +335,8 @@ def winners(store: Store, experiment: str, slo: SLO, chapter: str | None = None,
     for runs in groups.values():
         w = pick_winner(runs, slo, n_boot)
         chapters = list(dict.fromkeys(str(r.row.get("chapter")) for r in runs))
-        v = Verdict(w, chapters)
+        bad = sum(1 for r in runs if str(r.row.get("validity") or "").startswith("unreliable"))
+        v = Verdict(w, chapters, unreliable_in=bad, unreliable_out=0 if include_unreliable else marked)
         if w.winner_trial is not None:
             base_name = w.winner.row.get("baseline")
             bases = [t for t in trials_of(runs) if isinstance(base_name, str) and t.newest.row.get("trial") == base_name

@@ -198,7 +198,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             measured = [r for r in result.records if not r.warmup]
             planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
             check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
-                                    result.client_cpu_s, [r.sent_at for r in measured], planned)
+                                    result.client_cpu_s, [r.sent_at for r in measured], planned,
+                                    ramp=trial.workload.concurrency or 0)
             extra |= {"validity": validity.label(check), "checks_json": check,
                       "comparability_key": comparable.comparability_key({**fields, **extra})}
             if not server.alive():
