@@ -8,7 +8,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from qwen3lab.errors import Qwen3LabError, SpecErrors
 from qwen3lab.store import DEFAULT_DB
@@ -45,22 +44,22 @@ def run(
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
-    from qwen3lab import report
+    from qwen3lab import terminal
     from qwen3lab.measure import executor
     from qwen3lab.store import Store
 
     try:
         planned = executor.plan(experiment, only, for_written_gpu=dry_run)
         if dry_run:
-            report.print_dry_run(planned, console)
+            terminal.print_dry_run(planned, console)
             planned.raise_errors()
             return
         planned.raise_errors()
-        with report.TrialProgress(console) as progress:
+        with terminal.TrialProgress(console) as progress:
             results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
-    console.print(report.results_table(results, db))
+    console.print(terminal.results_table(results, db))
 
 
 @app.command()
@@ -75,15 +74,18 @@ def sweep(
 ):
     """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
     from qwen3lab import sweep as sw
+    from qwen3lab import terminal
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     try:
         if dry_run:
-            result = sw.dry_run(experiment, chapters, console=console)
+            result = sw.dry_run(experiment, chapters)
+            terminal.print_dry_run(result.planned, console)
         else:
-            result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
-                              console=console)
-            console.print(sw.summary_table(result, db))
+            with terminal.SweepProgress(console) as progress:
+                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
+                                  listener=progress)
+            console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
@@ -101,7 +103,7 @@ def runs(
     slo: Optional[list[str]] = SLO_OPT,
 ):
     """List stored runs, newest first; with --slo, each run's slo_pass and request_goodput under those SLOs."""
-    from qwen3lab import report
+    from qwen3lab import terminal
     from qwen3lab.analysis import compare
     from qwen3lab.store import Store
 
@@ -115,7 +117,7 @@ def runs(
     if as_json:
         sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2) + "\n")
     else:
-        console.print(report.runs_table(df))
+        console.print(terminal.runs_table(df))
 
 
 @app.command()
@@ -128,8 +130,8 @@ def winner(
     include_unreliable: bool = typer.Option(False, "--include-unreliable", help="Let runs marked unreliable win."),
 ):
     """The winner under SLOs, re-scored from stored requests: margin over the runner-up and the baseline, verdict."""
-    from qwen3lab import report
-    from qwen3lab.analysis import compare
+    from qwen3lab import terminal
+    from qwen3lab.analysis import compare, wording
     from qwen3lab.store import Store
 
     store = Store(db)
@@ -143,10 +145,10 @@ def winner(
         _fail(Qwen3LabError(f"no ok runs of {name!r}{' chapter ' + chapter if chapter else ''} in {db}: "
                             "run it first, or list what is stored with `qwen3lab runs`"))
     if as_json:
-        sys.stdout.write(json.dumps([report.winner_json(v) for v in verdicts], indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps([wording.winner_json(v) for v in verdicts], indent=2, default=str) + "\n")
     else:
         for v in verdicts:  # one unwrapped line each: the demo's last line, read by people and by grep
-            sys.stdout.write(report.winner_line(v) + "\n")
+            sys.stdout.write(wording.winner_line(v) + "\n")
 
 
 @app.command("compare")
@@ -159,8 +161,8 @@ def compare_(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """A against B (runs or trials, all their launches): each metric's difference with its 95% interval."""
-    from qwen3lab import report
-    from qwen3lab.analysis import compare
+    from qwen3lab import terminal
+    from qwen3lab.analysis import compare, wording
     from qwen3lab.store import Store
 
     store = Store(db)
@@ -176,7 +178,7 @@ def compare_(
                                      "b_launches": len(tb.launches), "metrics": df.to_dict("records")},
                                     indent=2, default=str) + "\n")
     else:
-        console.print(report.compare_table(df, f"{ta.label} ({report.launches_text(ta)})", f"{tb.label} ({report.launches_text(tb)})"))
+        console.print(terminal.compare_table(df, f"{ta.label} ({wording.launches(ta)})", f"{tb.label} ({wording.launches(tb)})"))
 
 
 def _experiment_name(arg: str) -> str:
@@ -204,10 +206,10 @@ def show(run_id: str, db: str = DB):
 @app.command()
 def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment or chapter.")):
     """Every field of an experiment file, with its description."""
-    from qwen3lab import report
+    from qwen3lab import terminal
 
     try:
-        console.print(report.schema_table(section))
+        console.print(terminal.schema_table(section))
     except Qwen3LabError as exc:
         _fail(exc)
 
@@ -235,7 +237,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Before launching: what fits on a GPU (quantization x KV dtype x max_model_len), KV capacity, ceilings."""
-    from qwen3lab import hardware_report
+    from qwen3lab import terminal
     from qwen3lab.hardware import planner
 
     try:
@@ -245,7 +247,7 @@ def plan(
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     else:
-        console.print(hardware_report.plan_table(rows))
+        console.print(terminal.plan_table(rows))
 
 
 @app.command()
@@ -286,13 +288,13 @@ def import_(
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
     from qwen3lab.hardware import catalogue as hardware
-    from qwen3lab import hardware_report
+    from qwen3lab import terminal
 
     found = hardware.probe()
     if as_json:
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
-        console.print(hardware_report.probe_table(found))
+        console.print(terminal.probe_table(found))
 
 
 if __name__ == "__main__":  # python -m qwen3lab.cli

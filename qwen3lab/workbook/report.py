@@ -2,14 +2,13 @@
 and each knob's effect against its baseline."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from qwen3lab.analysis import selection
+from qwen3lab.analysis import selection, wording
 from qwen3lab.experiment import files as xp
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
@@ -45,16 +44,14 @@ class Report:
     def verdict(self):
         from IPython.display import Markdown
 
-        from qwen3lab import report as text
-
         if self.runs.empty:
             return Markdown("No runs of this experiment in this database yet: run the chapters first.")
         if not self.winners:
             return Markdown("No ok run of this experiment has stored requests to rank.")
-        lines = [f"**Under the SLOs** ({json.dumps(self.experiment.slo)}), only runs of one workload, tokenizer, "
+        lines = [f"**Under the SLOs** ({wording.slo_text(SLO(**self.experiment.slo))}), only runs of one workload, tokenizer, "
                  "machine and vLLM build are ranked together:"]
         for v in self.winners:
-            lines.append(f"- {text.winner_line(v)}")
+            lines.append(f"- {wording.winner_line(v)}")
             if v.winner.winner is not None and v.winner.winner.row.get("launch_command"):
                 lines.append(f"\n  ```\n  {v.winner.winner.row['launch_command']}\n  ```")
         return Markdown("\n".join(lines))
