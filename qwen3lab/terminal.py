@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
-from qwen3lab.measure.executor import Listener
+from qwen3lab.measure.executor import Listener, repeat_label
 from qwen3lab.sweep import SweepListener
 
 
@@ -123,7 +123,7 @@ class TrialProgress(Listener):
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=console, transient=False)
         super().__init__(log=self.bar.console.print)
-        self.overall = self.task = None
+        self.overall = self.task = self.round = None
         self.total = 0
 
     def __enter__(self):
@@ -133,9 +133,15 @@ class TrialProgress(Listener):
     def __exit__(self, *exc):
         return self.bar.__exit__(*exc)
 
-    def started(self, planned, launches: int = 0) -> None:
-        self.total = launches
-        self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}: {launches} launches", total=launches)
+    def started(self, planned) -> None:
+        self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}", total=len(planned.verdicts))
+
+    def planned_launches(self, count: int) -> None:
+        self.total = count
+        self.bar.update(self.overall, total=count)
+
+    def repeat(self, trial, round_) -> None:
+        self.round = round_
 
     def resumed(self, trial, run_id, status) -> None:
         self.log(f"[dim]= {trial.chapter}/{trial.name}: {status} earlier (run {run_id})[/]")
@@ -144,9 +150,9 @@ class TrialProgress(Listener):
         super().left_out(trial, why)
         self.bar.advance(self.overall)
 
-    def launching(self, trial, verdict, round_=0) -> None:
+    def launching(self, trial, verdict) -> None:
         w = trial.workload
-        repeat = f" #{round_ + 1}/{trial.repeats}" if round_ is not None and trial.repeats > 1 else ""
+        repeat = repeat_label(trial, self.round)
         self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}{repeat}",
                                       total=w.num_requests if not w.duration_s else None)
 

@@ -72,8 +72,14 @@ class Listener:
     def __init__(self, log: Callable[[str], None] | None = None):
         self.log = log or (lambda text: None)
 
-    def started(self, planned: Plan, launches: int = 0) -> None:
-        """Before the first trial; `launches`: the servers the plan will start (repeats included)."""
+    def started(self, planned: Plan) -> None:
+        """Before the first trial."""
+
+    def planned_launches(self, count: int) -> None:
+        """How many launches the plan will make (repeats included), told right after `started`."""
+
+    def repeat(self, trial: Trial, round_: int | None) -> None:
+        """The next `launching` is this trial's round (0-based; None: an extra launch of repeats: auto)."""
 
     def resumed(self, trial: Trial, run_id: str, status: str) -> None:
         self.log(f"= {_label(trial)}: {status} earlier (run {run_id}), not run again")
@@ -81,11 +87,11 @@ class Listener:
     def left_out(self, trial: Trial, why: str) -> None:
         self.log(f"- {_label(trial)}: left out ({why})")
 
-    def launching(self, trial: Trial, verdict: preflight.Verdict, round_: int = 0) -> None:
-        """Before run_trial: a server starts (or, for a skip, only its row is stored); round_: which repeat."""
+    def launching(self, trial: Trial, verdict: preflight.Verdict) -> None:
+        """Before run_trial: a server starts (or, for a skip, only its row is stored)."""
         if verdict.ok:
             cfg = trial.engine
-            self.log(f"> {_label(trial, round_)}: launching " + (cfg.to_shell() if cfg.kind == "vllm" else cfg.url))
+            self.log(f"> {_label(trial)}: launching " + (cfg.to_shell() if cfg.kind == "vllm" else cfg.url))
 
     def extra_launch(self, trial: Trial) -> None:
         """repeats: auto asks for one more launch of a leading trial."""
@@ -100,9 +106,15 @@ class Listener:
                  + f" (run {result.run_id})")
 
 
-def _label(trial: Trial, round_: int | None = None) -> str:
-    return f"{trial.chapter}/{trial.name}" + (f" #{round_ + 1}/{trial.repeats}" if round_ is not None
-                                              and trial.repeats > 1 else "")
+def _label(trial: Trial) -> str:
+    return f"{trial.chapter}/{trial.name}"
+
+
+def repeat_label(trial: Trial, round_: int | None) -> str:
+    """' #2/3' for the second of three launches ('' for one launch, ' +1' for an extra one of repeats: auto)."""
+    if round_ is None:
+        return " +1"
+    return f" #{round_ + 1}/{trial.repeats}" if trial.repeats > 1 else ""
 
 
 # --- repeats: launches per trial, interleaved; auto ---------------------------------------------------------
@@ -184,7 +196,8 @@ def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_fa
         if n == 0 and done:
             results.append(TrialResult(verdict.trial, done[0], done[1], "already measured (resumed)"))
     launches = interleave(planned.trials, needed)
-    listener.started(planned, len(launches))
+    listener.started(planned)
+    listener.planned_launches(len(launches))
     for r in results:
         listener.resumed(r.trial, r.run_id, r.status)
     launched = 0
@@ -197,7 +210,8 @@ def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_fa
                 listener.left_out(trial, f"max_trials={max_trials}")
                 return None
             launched += 1
-        listener.launching(trial, verdict, round_)
+        listener.repeat(trial, round_)
+        listener.launching(trial, verdict)
         result = runner.run_trial(trial, store, runs_dir, experiment_path=planned.path, notebook_path=notebook_path,
                                   machine=planned.machine, gpu_id=planned.experiment.gpu, verdict=verdict,
                                   progress=lambda n, t=trial: listener.requests_done(t, n), log=listener.log)
