@@ -141,3 +141,35 @@ def test_every_page_renders_in_the_browser(served, browser_page):
         page.get_by_role("heading", name=heading).wait_for()
         assert not page.locator("[data-testid='stException']").count()
         shot(page, path)
+
+
+def test_winner_card_reads_whole_at_1400_px(served, browser_page):
+    """The Compare page's winner card at a 1400 px window: every figure whole, none cut to 'Goo… 2…'."""
+    from dashboard import ui
+
+    base, db = served
+    page = browser_page
+    page.set_viewport_size({"width": 1400, "height": 1100})
+    page.goto(base)
+    page.get_by_role("heading", name="Compare runs").wait_for()
+    page.get_by_test_id("stTopNav").get_by_role("link", name="Winner", exact=True).click()
+    page.get_by_role("heading", name="Pick the winner under your SLOs").wait_for()
+    page.get_by_label("P95 TTFT at most (ms)").fill("5000")
+    page.get_by_label("P95 TPOT at most (ms)").fill("100")
+    page.get_by_role("button", name="Pick the winner").click()
+    page.get_by_text("Winner: ").first.wait_for()
+    page.get_by_test_id("stTopNav").get_by_role("link", name="Compare", exact=True).click()
+    page.get_by_role("heading", name="Compare runs").wait_for()
+    ids = ui.default_selection(Store(db).runs(experiment="cpu-tiny"))
+    w = compare.pick_winner(compare.load_runs(Store(db), ids), SLO(ttft_p95_ms=5000, tpot_p95_ms=100))
+    top = w.ranking.iloc[0]
+    card = page.locator("[data-testid='stVerticalBlockBorderWrapper']").filter(has_text="Winner:").first
+    card.wait_for()
+    text = card.inner_text()
+    for figure in (f"{top.goodput:.2f} req/s", f"{top.output_throughput:,.0f} tok/s", f"{top.p95_ttft_ms:,.0f} ms",
+                   f"{top.p95_tpot_ms:.1f} ms", "Goodput", "Output throughput", "P95 TTFT", "P95 TPOT"):
+        assert figure in text, (figure, text)
+    assert "…" not in text
+    box = card.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1400
+    shot(page, "winner-card-1400")
