@@ -219,10 +219,12 @@ def winner_card(w: compare.Winner, slo: SLO) -> None:
         top = w.ranking.iloc[0]
         st.markdown(f"### :material/trophy: Winner: `{w.winner.label}`")
         # A table, not st.metric: metric cells cut their figures ("Goo… 2…") in a narrow column; a table wraps
-        st.markdown("| Goodput | Output throughput | P95 TTFT | P95 TPOT | Launches |\n|---|---|---|---|---|\n"
-                    f"| {num(top.goodput, '{:.2f}', 'req/s')} | {num(top.output_throughput, '{:,.0f}', 'tok/s')} | "
-                    f"{num(top.p95_ttft_ms, '{:,.0f}', 'ms')} | {num(top.p95_tpot_ms, '{:.1f}', 'ms')} | "
-                    f"{int(top.launches)} |")
+        st.markdown("| | |\n|---|---|\n"
+                    f"| Goodput | {num(top.goodput, '{:.2f}', 'req/s')} |\n"
+                    f"| Output throughput | {num(top.output_throughput, '{:,.0f}', 'tok/s')} |\n"
+                    f"| P95 TTFT | {num(top.p95_ttft_ms, '{:,.0f}', 'ms')} |\n"
+                    f"| P95 TPOT | {num(top.p95_tpot_ms, '{:.1f}', 'ms')} |\n"
+                    f"| Launches | {int(top.launches)} |")
         if w.runner_up is not None:
             st.markdown(f"**Margin over `{w.runner_up.label}`** ({launches(w.runner_up_trial)}): {margin_text(w)} goodput")
         (st.info if w.within_noise else st.success)(verdict_text(w))
