@@ -22,6 +22,10 @@ from qwen3lab.store import Store
 from tests import dashdata
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every row of `qwen3lab run experiments/cpu-tiny.yaml --only scheduler` (repeats: 2, 80 requests, interleaved)
+# on the shared 2-core dev machine under a load average of 20-30, written by
+#   python -c "from tests import dashdata; dashdata.dump('demo.duckdb', Path('tests/data/verdicts/scheduler-2x.json.gz'))"
+TWO_LAUNCHES = ROOT / "tests" / "data" / "verdicts" / "scheduler-2x.json.gz"
 DETAILED = ROOT / "tests" / "data" / "import" / "vllm-bench-serve-detailed.json"
 
 
@@ -325,3 +329,34 @@ def test_winners_skip_unreliable_runs_unless_asked(tmp_path, dash):
     assert skipped.winner_trial.key != first.winner_trial.key
     asked = compare.winners(store, "cpu-tiny", slo, "scheduler", include_unreliable=True)[0].winner
     assert asked.winner_trial.key == first.winner_trial.key
+
+
+# --- the same chapter measured twice: real launches --------------------------------------------------------
+def test_two_real_measurements_of_a_chapter_never_name_two_confident_winners(tmp_path):
+    """The demo's chapter ran each trial twice, interleaved: launch 1 of every trial is one measurement of the
+    chapter, launch 2 another (as two fresh databases would hold them). Their confident winners must agree;
+    pooled, the verdict knows the launch-to-launch spread."""
+    store = dashdata.build(tmp_path / "two.duckdb", with_extras=False, fixture=TWO_LAUNCHES)
+    runs = compare.load_runs(store, list(store.runs(status="ok").run_id))
+    assert {len(t.launches) for t in compare.trials_of(runs)} == {2}
+    first_round = [t.launches[-1] for t in compare.trials_of(runs)]  # launches are newest first
+    second_round = [t.launches[0] for t in compare.trials_of(runs)]
+    slo = SLO(ttft_p95_ms=1500, tpot_p95_ms=50)
+    confident = []
+    for measurement in (first_round, second_round):
+        w = compare.pick_winner(measurement, slo, n_boot=1000)
+        if w.margin is not None and w.margin.excludes_zero:
+            confident.append(w.winner_trial.key)
+    assert len(set(confident)) <= 1, confident
+    pooled = compare.pick_winner(runs, slo, n_boot=1000)
+    assert pooled.winner_trial is not None and len(pooled.winner_trial.launches) == 2
+    assert "launch-to-launch spread unknown" not in pooled.verdict
+    # claims leave out launches marked unreliable (3 of these 8): a trial left with one launch says so
+    got = compare.claims(store, "cpu-tiny", slo, n_boot=500)
+    reliable = store.runs(status="ok")
+    reliable = reliable[reliable.validity.isna()]
+    for row in got.to_dict("records"):
+        assert row["launches"] == int((reliable.trial == row["trial"]).sum())
+        one = min(row["launches"], row["baseline_launches"]) < 2
+        assert ("one launch" in row["verdict"]) == one, row
+    assert (got.launches == 2).any()
