@@ -71,8 +71,8 @@ def runs_table(df) -> Table:
         t.add_column("vLLM")
     if not df.empty and "validity" in df:  # an unreliable measurement says so beside its reason
         df = df.assign(reason=[" · ".join(x for x in (r, v) if isinstance(x, str) and x)
-                               or None for r, v in zip(df.reason, df.validity)])
-    reasons = not df.empty and df.reason.notna().any()
+                               for r, v in zip(df.reason, df.validity)])
+    reasons = not df.empty and (df.reason.fillna("").astype(str) != "").any()
     if reasons:
         t.add_column("reason", overflow="fold", max_width=40)
     for row in df.to_dict("records") if not df.empty else []:
