@@ -71,7 +71,7 @@ def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report
         order = {c: i for i, c in enumerate(exp.all_chapters())}
         runs = runs.sort_values(["chapter", "trial"], key=lambda s: s.map(order) if s.name == "chapter" else s)
         runs = runs.reset_index(drop=True)
-    ok = not runs.empty and (runs.status == "ok").any()
+    ok = not runs.empty and runs.status.isin(selection.MEASURED).any()
     winners = compare.winners(store, exp.name, slo, n_boot=n_boot) if ok else []
     claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok else pd.DataFrame()
     return Report(exp, store, runs, winners, claims)
