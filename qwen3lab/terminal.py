@@ -124,8 +124,9 @@ class TrialProgress(Listener):
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=console, transient=False, refresh_per_second=1)
         super().__init__(log=self.bar.console.print)
-        self.overall = self.task = self.round = None
+        self.overall = self.round = None
         self.total = 0
+        self.tasks: dict[str, int] = {}  # a bar per running trial (the Ray executor runs several at once)
 
     def __enter__(self):
         self.bar.__enter__()
@@ -154,8 +155,8 @@ class TrialProgress(Listener):
     def launching(self, trial, verdict) -> None:
         w = trial.workload
         repeat = repeat_label(trial, self.round)
-        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}{repeat}",
-                                      total=w.num_requests if not w.duration_s else None)
+        self.tasks[trial.key] = self.bar.add_task(f"  {trial.chapter}/{trial.name}{repeat}",
+                                                  total=w.num_requests if not w.duration_s else None)
 
     def extra_launch(self, trial) -> None:
         super().extra_launch(trial)
@@ -163,10 +164,11 @@ class TrialProgress(Listener):
         self.bar.update(self.overall, total=self.total)
 
     def requests_done(self, trial, count) -> None:
-        self.bar.advance(self.task, count)
+        self.bar.advance(self.tasks[trial.key], count)
 
     def finished(self, result) -> None:
-        self.bar.remove_task(self.task)
+        if (task := self.tasks.pop(result.trial.key, None)) is not None:
+            self.bar.remove_task(task)
         colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
         self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
                  + (f": {result.reason}" if result.reason else ""))

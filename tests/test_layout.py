@@ -13,10 +13,11 @@ LAYERS = [
      "measure.workload", "measure.telemetry", "measure.engine"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare"],
-    ["measure.loadgen", "measure.runner", "measure.executor"],
+    ["measure.loadgen", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
+     "measure.ray_search"],
     ["analysis.export", "analysis.importers", "analysis.plots", "analysis.wording"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "terminal", "sweep", "dashboard_launch",
-     "cli", "__main__"],
+     "cli", "__main__", "kuberay"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
 MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "workbook", "workbook.chapter",
