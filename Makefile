@@ -26,11 +26,15 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "numactl not installed: the NUMA chapter's numactl trials will be skipped"
 	touch $@
 
-# The demo runs the two chapters of the default experiment that matter on a CPU (about 8 minutes);
+# The demo runs the two chapters of the default experiment that matter on a CPU (about 10 minutes; the
+# scheduler's trials twice each, interleaved) and ends with the winner line: launches, margin, interval, verdict.
+# On 2 cores client and server share the CPU and some launches read "unreliable" (tokens read in bursts):
+# the winner line counts them in and says how many.
 # `qwen3lab sweep experiments/cpu-tiny.yaml` runs the whole workbook.
 demo: install
 	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --only baseline --only scheduler --db $(DB)
 	$(BIN)/qwen3lab runs --db $(DB)
+	$(BIN)/qwen3lab winner experiments/cpu-tiny.yaml --chapter scheduler --include-unreliable --db $(DB)
 
 test: install
 	$(BIN)/python -m pytest

@@ -126,21 +126,103 @@ def sweep(
     raise typer.Exit(result.exit_code)
 
 
+SLO_OPT = typer.Option(None, "--slo", help="An SLO NAME=VALUE over the stored ones, repeatable: ttft_p95_ms=500, "
+                       "tpot_p95_ms=50, e2el_p99_ms, ttft_ms, tpot_ms, e2el_ms, max_failed_fraction=0.01.")
+
+
 @app.command()
 def runs(
     db: str = DB,
     experiment: Optional[str] = typer.Option(None, help="Only this experiment."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    slo: Optional[list[str]] = SLO_OPT,
 ):
-    """List stored runs, newest first."""
+    """List stored runs, newest first; with --slo, each run's slo_pass and request_goodput under those SLOs."""
     from qwen3lab import terminal
+    from qwen3lab.analysis import compare
     from qwen3lab.store import Store
 
-    df = Store(db).runs(experiment=experiment)
+    store = Store(db)
+    df = store.runs(experiment=experiment)
+    if slo:
+        try:
+            df = compare.runs_under(store, df, compare.parse_slo(slo))
+        except Qwen3LabError as exc:
+            _fail(exc)
     if as_json:
         sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2) + "\n")
     else:
         console.print(terminal.runs_table(df))
+
+
+@app.command()
+def winner(
+    experiment: str = typer.Argument(..., help="Experiment name (as stored) or its YAML file."),
+    chapter: Optional[str] = typer.Option(None, "--chapter", help="Only this chapter."),
+    slo: Optional[list[str]] = SLO_OPT,
+    db: str = DB,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the winner line."),
+    include_unreliable: bool = typer.Option(False, "--include-unreliable", help="Let runs marked unreliable win."),
+):
+    """The winner under SLOs, re-scored from stored requests: margin over the runner-up and the baseline, verdict."""
+    from qwen3lab import terminal
+    from qwen3lab.analysis import compare, wording
+    from qwen3lab.store import Store
+
+    store = Store(db)
+    try:
+        name = _experiment_name(experiment)
+        verdicts = compare.winners(store, name, compare.parse_slo(slo, compare.stored_slo(store, name)), chapter,
+                                   include_unreliable)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if not verdicts:
+        _fail(Qwen3LabError(f"no ok runs of {name!r}{' chapter ' + chapter if chapter else ''} in {db}: "
+                            "run it first, or list what is stored with `qwen3lab runs`"))
+    if as_json:
+        sys.stdout.write(json.dumps([wording.winner_json(v) for v in verdicts], indent=2, default=str) + "\n")
+    else:
+        for v in verdicts:  # one unwrapped line each: the demo's last line, read by people and by grep
+            sys.stdout.write(wording.winner_line(v) + "\n")
+
+
+@app.command("compare")
+def compare_(
+    a: str = typer.Argument(..., help="A run id, a trial key, or CHAPTER/TRIAL."),
+    b: str = typer.Argument(..., help="The same, for the other side."),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="Where CHAPTER/TRIAL is looked up."),
+    slo: Optional[list[str]] = SLO_OPT,
+    db: str = DB,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """A against B (runs or trials, all their launches): each metric's difference with its 95% interval."""
+    from qwen3lab import terminal
+    from qwen3lab.analysis import compare, wording
+    from qwen3lab.store import Store
+
+    store = Store(db)
+    try:
+        name = _experiment_name(experiment) if experiment else None
+        ta, tb = compare.resolve(store, a, name), compare.resolve(store, b, name)
+        base = compare.stored_slo(store, str(ta.newest.row.get("experiment")))
+        df = compare.compare_two(ta, tb, compare.parse_slo(slo, base))
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps({"a": ta.label, "b": tb.label, "a_launches": len(ta.launches),
+                                     "b_launches": len(tb.launches), "metrics": df.to_dict("records")},
+                                    indent=2, default=str) + "\n")
+    else:
+        console.print(terminal.compare_table(df, f"{ta.label} ({wording.launches(ta)})", f"{tb.label} ({wording.launches(tb)})"))
+
+
+def _experiment_name(arg: str) -> str:
+    """An experiment's stored name, from the name itself or from its YAML file."""
+    if arg.endswith((".yaml", ".yml")) or Path(arg).is_file():
+        from qwen3lab.experiment import files as xp
+
+        return xp.load(arg).name
+    return arg
 
 
 @app.command()

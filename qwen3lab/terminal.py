@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
-from qwen3lab.measure.executor import Listener
+from qwen3lab.measure.executor import Listener, repeat_label
 from qwen3lab.sweep import SweepListener
 
 
@@ -82,7 +82,10 @@ def runs_table(df) -> Table:
     t = _run_table(f"{title} (latencies in ms)", labels)
     if not vllm:
         t.add_column("vLLM")
-    reasons = not df.empty and df.reason.notna().any()
+    if not df.empty and "validity" in df:  # an unreliable measurement says so beside its reason
+        df = df.assign(reason=[" · ".join(x for x in (r, v) if isinstance(x, str) and x)
+                               for r, v in zip(df.reason, df.validity)])
+    reasons = not df.empty and (df.reason.fillna("").astype(str) != "").any()
     if reasons:
         t.add_column("reason", overflow="fold", max_width=40)
     for row in df.to_dict("records") if not df.empty else []:
@@ -134,7 +137,8 @@ class TrialProgress(Listener):
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=console, transient=False, refresh_per_second=1)
         super().__init__(log=self.bar.console.print)
-        self.overall = None
+        self.overall = self.round = None
+        self.total = 0
         self.tasks: dict[str, int] = {}  # a bar per running trial (the Ray executor runs several at once)
 
     def __enter__(self):
@@ -147,9 +151,15 @@ class TrialProgress(Listener):
     def started(self, planned) -> None:
         self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}", total=len(planned.verdicts))
 
+    def planned_launches(self, count: int) -> None:
+        self.total = count
+        self.bar.update(self.overall, total=count)
+
+    def repeat(self, trial, round_) -> None:
+        self.round = round_
+
     def resumed(self, trial, run_id, status) -> None:
         self.log(f"[dim]= {trial.chapter}/{trial.name}: {status} earlier (run {run_id})[/]")
-        self.bar.advance(self.overall)
 
     def left_out(self, trial, why) -> None:
         super().left_out(trial, why)
@@ -157,8 +167,14 @@ class TrialProgress(Listener):
 
     def launching(self, trial, verdict) -> None:
         w = trial.workload
-        self.tasks[trial.key] = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
+        repeat = repeat_label(trial, self.round)
+        self.tasks[trial.key] = self.bar.add_task(f"  {trial.chapter}/{trial.name}{repeat}",
                                                   total=w.num_requests if not w.duration_s else None)
+
+    def extra_launch(self, trial) -> None:
+        super().extra_launch(trial)
+        self.total += 1
+        self.bar.update(self.overall, total=self.total)
 
     def requests_done(self, trial, count) -> None:
         self.bar.advance(self.tasks[trial.key], count)
@@ -370,3 +386,16 @@ def calibration_markdown(result: dict) -> str:
                          f"{r['error_a']:+.1%} | {r['predicted_b_ms']:.3f} | {r['error_b']:+.1%} | {r['kernels']} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# --- verdicts ----------------------------------------------------------------------------------------------
+def compare_table(df, a_label: str, b_label: str) -> Table:
+    t = Table(title=f"{a_label} against {b_label}", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("metric", "A", "B", "A - B (95% CI)", "change", "verdict"):
+        t.add_column(name, overflow="fold", justify="left" if name in ("metric", "verdict") else "right")
+    for r in df.to_dict("records"):
+        fmt = "{:+.1f}" if r["metric"] == "p95_ttft_ms" else "{:+.2f}"
+        t.add_row(r["metric"], _num(r["a"], fmt.replace("+", "")), _num(r["b"], fmt.replace("+", "")),
+                  f"{fmt.format(r['difference'])} ({fmt.format(r['low'])} .. {fmt.format(r['high'])})",
+                  f"{_num(r['change_pct'], '{:+.1f}')}%", r["verdict"])
+    return t

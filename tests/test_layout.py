@@ -9,13 +9,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "qwen3lab"
 # Lower layers never import higher ones (README, Layout). Within a layer any import is fine, cycles are not.
 LAYERS = [
     ["errors", "models", "experiment.spec", "hardware.catalogue", "store"],
-    ["experiment.files", "analysis.metrics", "analysis.selection", "measure.workload", "measure.telemetry",
-     "measure.engine", "hardware.memory", "hardware.roofline"],
-    ["hardware.planner", "experiment.preflight", "hardware.calibrate"],
+    ["experiment.files", "analysis.metrics", "analysis.selection", "analysis.comparable", "analysis.stats",
+     "measure.workload", "measure.telemetry", "measure.engine", "hardware.memory", "hardware.roofline"],
+    # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
+    ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare"],
     ["measure.loadgen", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
      "measure.ray_search"],
-    ["analysis.compare", "analysis.export", "analysis.importers", "analysis.plots", "analysis.wording",
-     "analysis.efficiency"],
+    ["analysis.export", "analysis.importers", "analysis.plots", "analysis.wording", "analysis.efficiency"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "terminal", "sweep", "dashboard_launch",
      "cli", "__main__", "kuberay"],
 ]

@@ -18,6 +18,8 @@ for col, (name, title) in zip(cols, FILTERS):
         view = view[view[name].fillna("–").astype(str).isin(chosen)]
 
 view = view.copy()
+if "validity" not in view:  # a database of an older schema
+    view["validity"] = None
 view["log"] = [f"file?{urlencode({'run': r, 'what': 'log'})}" if isinstance(p, str) and p else None
                for r, p in zip(view.run_id, view.log_path)]
 view["notebook"] = [f"file?{urlencode({'run': r, 'what': 'notebook'})}"
@@ -45,6 +47,8 @@ COLUMNS = {
     "log": st.column_config.LinkColumn("server log", display_text="log"),
     "notebook": st.column_config.LinkColumn("notebook", display_text="notebook"),
     "reason": st.column_config.TextColumn("reason", width="medium"),
+    "validity": st.column_config.TextColumn("measurement", width="medium",
+                                            help="'unreliable: …' when the client, not the server, set the numbers"),
     "experiment": "experiment", "vllm_version": "vLLM", "gpu": "GPU", "model": "model", "started_at": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm"),
     "run_id": "run",
 }

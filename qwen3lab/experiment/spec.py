@@ -352,6 +352,8 @@ class SLO(Strict):
     ttft_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TTFT must be at most this.")
     tpot_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TPOT must be at most this.")
     e2el_p99_ms: float | None = Field(None, gt=0, description="Trial-level: P99 E2EL must be at most this.")
+    max_failed_fraction: float = Field(0.0, ge=0, le=1, description="Trial-level: at most this fraction of requests "
+                                       "may fail, time out or be left unfinished (0: none may).")
 
 
 class Trial(Strict):
@@ -366,6 +368,10 @@ class Trial(Strict):
     skip_reason: str | None = Field(None, description="Why this trial cannot run here; it is stored as skipped.")
     baseline: str | None = Field(None, description="Name of the trial this one is compared against.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free labels (knob, recipe, ...).")
+    repeats: int = Field(1, ge=1, le=50, description="Launches of this trial, interleaved with its chapter's other "
+                         "trials; the spread between launches goes into every interval. Not part of the key.")
+    max_repeats: int | None = Field(None, ge=2, le=50, description="repeats: auto: more launches while this trial "
+                                    "and the other leader cannot be told apart, up to this many.")
 
     @property
     def key(self) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from qwen3lab import __version__
 from qwen3lab.measure import engine, workload as wl
 from qwen3lab.hardware import catalogue as hardware
-from qwen3lab.analysis import metrics
+from qwen3lab.analysis import comparable, metrics, validity
 from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
@@ -230,6 +230,13 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
             store.add_samples(run_id, samples)
             extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+            measured = [r for r in result.records if not r.warmup]
+            planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
+            check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
+                                    client_cpu_s, [r.sent_at for r in measured], planned,
+                                    ramp=trial.workload.concurrency or 0)
+            extra |= {"validity": validity.label(check), "checks_json": check,
+                      "comparability_key": comparable.comparability_key({**fields, **extra})}
             if not server.alive():
                 status, reason = server.death()
             elif summary["completed"] == 0:
