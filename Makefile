@@ -7,7 +7,10 @@ DB ?= qwen3lab.duckdb
 # imports them when present: text models need them gone.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: install demo test bench bench-dashboard dashboard sweep notebooks lab clean
+# The GPU suite (CI never runs it): one short real run per GPU path. GPU_PY may be a GPU host's own python.
+GPU_PY ?= $(BIN)/python
+
+.PHONY: install demo test test-gpu bench bench-dashboard dashboard sweep notebooks lab clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +34,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest
+
+test-gpu:
+	$(GPU_PY) -m pytest -m gpu -v tests/test_gpu_paths.py tests/test_hardware.py
 
 # The whole workbook on the embedded default: every chapter's notebook executed, saved under runs/, runs in $(DB).
 sweep: install

@@ -13,9 +13,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from qwen3lab.analysis import compare, export, plots, selection
+from qwen3lab.analysis import compare, efficiency, export, plots, selection
 from qwen3lab.analysis.wording import margin_text, slo_text, verdict_text  # noqa: F401 - pages call ui.slo_text
-from qwen3lab.hardware import planner
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import DEFAULT_DB, Store
@@ -55,7 +54,14 @@ def stop_with(exc: Exception) -> None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _runs(db: str, stamp: float) -> pd.DataFrame:
-    return Store(db).runs()
+    df = Store(db).runs(with_json=True)
+    if df.empty:
+        return df
+    # The steady-state TTFT p95 (without a closed loop's opening burst) lives in the summary only.
+    summaries = [json.loads(s) if isinstance(s, str) and s else {} for s in df.summary_json]
+    df["steady_p95_ttft_ms"] = [s.get("steady_p95_ttft_ms") for s in summaries]
+    df["opening_burst_requests"] = [s.get("opening_burst_requests") for s in summaries]
+    return df.drop(columns=["summary_json", "info_json", "config_json", "workload_json", "exec_argv_json"])
 
 
 def runs() -> pd.DataFrame:
@@ -96,12 +102,12 @@ def run(db: str, run_id: str) -> dict:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def ceilings(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
-    """Each run's roofline ceilings and efficiency (planner.run_ceiling), or why it has none."""
+    """Each run's roofline ceilings and efficiency (efficiency.run_ceiling), or why it has none."""
     samp = samples(db, run_ids)
     rows = []
     for rid in run_ids:
         mine = samp[samp.run_id == rid] if not samp.empty else None
-        rows.append({"run_id": rid, **planner.run_ceiling(run(db, rid), mine)})
+        rows.append({"run_id": rid, **efficiency.run_ceiling(run(db, rid), mine)})
     return pd.DataFrame(rows)
 
 

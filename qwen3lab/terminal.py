@@ -19,7 +19,8 @@ def _num(v, fmt="{:.1f}") -> str:
     return fmt.format(v)
 
 
-METRICS = ("ok/\ntotal", "out\ntok/s", "TTFT\np50", "TTFT\np95", "TPOT\np50", "E2EL\np99", "good-\nput")
+# "steady p95": TTFT p95 without the opening burst of a closed loop (analysis/metrics.py steady_state).
+METRICS = ("ok/\ntotal", "out\ntok/s", "TTFT\np50", "TTFT\np95", "steady\np95", "TPOT\np50", "E2EL\np99", "good-\nput")
 
 
 def _run_table(title: str, labels: tuple[str, ...]) -> Table:
@@ -40,7 +41,7 @@ def _metric_cells(s: dict | None) -> list[str]:
     total = (s.get("completed") or 0) + (s.get("failed") or 0)
     return [f"{int(s.get('completed') or 0)}/{int(total)}", _num(s.get("output_throughput")),
             _num(s.get("median_ttft_ms"), "{:.0f}"),
-            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
+            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(_steady_p95(s), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
             _num(s.get("p99_e2el_ms"), "{:.0f}"), _num(s.get("request_goodput"), "{:.2f}")]
 
 
@@ -50,10 +51,22 @@ def _the_same(df, column: str) -> str | None:
     return values.pop() if len(values) == 1 and df[column].notna().all() else None
 
 
+def _steady_p95(row: dict) -> float | None:
+    """The steady-state TTFT p95 from a summary, or from a runs row's summary_json when it carries one."""
+    if "steady_p95_ttft_ms" in row:
+        return row["steady_p95_ttft_ms"]
+    raw = row.get("summary_json")
+    if isinstance(raw, str) and raw:
+        import json
+
+        return json.loads(raw).get("steady_p95_ttft_ms")
+    return None
+
+
 def results_table(results, db: str) -> Table:
     from qwen3lab.store import Store
 
-    rows = Store(db).runs(run_ids=[r.run_id for r in results])
+    rows = Store(db).runs(run_ids=[r.run_id for r in results], with_json=True)
     by_id = {r["run_id"]: r for r in rows.to_dict("records")} if not rows.empty else {}
     t = _run_table("Results (latencies in ms)", ("trial", "status"))
     for r in results:
@@ -121,7 +134,8 @@ class TrialProgress(Listener):
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=console, transient=False, refresh_per_second=1)
         super().__init__(log=self.bar.console.print)
-        self.overall = self.task = None
+        self.overall = None
+        self.tasks: dict[str, int] = {}  # a bar per running trial (the Ray executor runs several at once)
 
     def __enter__(self):
         self.bar.__enter__()
@@ -143,14 +157,15 @@ class TrialProgress(Listener):
 
     def launching(self, trial, verdict) -> None:
         w = trial.workload
-        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
-                                      total=w.num_requests if not w.duration_s else None)
+        self.tasks[trial.key] = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
+                                                  total=w.num_requests if not w.duration_s else None)
 
     def requests_done(self, trial, count) -> None:
-        self.bar.advance(self.task, count)
+        self.bar.advance(self.tasks[trial.key], count)
 
     def finished(self, result) -> None:
-        self.bar.remove_task(self.task)
+        if (task := self.tasks.pop(result.trial.key, None)) is not None:
+            self.bar.remove_task(task)
         colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
         self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
                  + (f": {result.reason}" if result.reason else ""))

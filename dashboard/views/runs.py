@@ -31,7 +31,10 @@ COLUMNS = {
     "request_throughput": st.column_config.NumberColumn("requests", format="%.2f req/s"),
     "request_goodput": st.column_config.NumberColumn("goodput", format="%.2f req/s", help="under the experiment's SLOs"),
     "median_ttft_ms": st.column_config.NumberColumn("TTFT p50", format="%.0f ms"),
-    "p95_ttft_ms": st.column_config.NumberColumn("TTFT p95", format="%.0f ms"),
+    "p95_ttft_ms": st.column_config.NumberColumn("TTFT p95", format="%.0f ms", help="every measured request"),
+    "steady_p95_ttft_ms": st.column_config.NumberColumn(
+        "TTFT p95 steady", format="%.0f ms",
+        help="without the opening burst: the first `concurrency` requests of a closed loop, sent at once on an idle server"),
     "p95_tpot_ms": st.column_config.NumberColumn("TPOT p95", format="%.1f ms"),
     "p99_e2el_ms": st.column_config.NumberColumn("E2EL p99", format="%.0f ms"),
     "completed": st.column_config.NumberColumn("ok"), "failed": st.column_config.NumberColumn("failed"),

@@ -158,7 +158,7 @@ def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
 def ceiling_figure(ceilings: pd.DataFrame, labels: dict[str, str]):
     """Measured output throughput beside its roofline ceiling, one pair of bars a run, efficiency on top.
 
-    ceilings: rows of `planner.run_ceiling` with a run_id column (only those with a ceiling are drawn)."""
+    ceilings: rows of `efficiency.run_ceiling` with a run_id column (only those with a ceiling are drawn)."""
     go = _go()
     df = ceilings[ceilings.available.astype(bool)] if not ceilings.empty else ceilings
     fig = go.Figure()

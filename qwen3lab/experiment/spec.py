@@ -76,6 +76,9 @@ class EngineConfig(Strict):
         description="The vLLM build to run: a venv folder or its bin/python. Unset = the python running "
         "qwen3lab. This is how two vLLM versions or a source build are compared.",
     )
+    emulate: str | None = Field(
+        None, description="Measure as if on this smaller GPU (catalogue id, e.g. a100-80g, rtx4090) on a bigger "
+        "one: vLLM's memory budget is capped to the target's gpu_memory_utilization x total. Speeds stay the host's.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the server only.")
     extra_args: list[str] = Field(default_factory=list, description="Any other `vllm serve` flags, passed through.")
 
@@ -105,6 +108,18 @@ class EngineConfig(Strict):
     def _quantization(cls, v):
         if v is not None and v not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {v!r}; allowed: {', '.join(QUANTIZATIONS)}")
+        return v
+
+    @field_validator("emulate")
+    @classmethod
+    def _emulate(cls, v):
+        if v is not None:
+            from qwen3lab.hardware.catalogue import ALIASES, CATALOGUE
+
+            key = ALIASES.get(v.lower(), v.lower())
+            if key not in CATALOGUE:
+                raise ValueError(f"unknown GPU {v!r} to emulate; allowed: {', '.join([*CATALOGUE, *ALIASES])}")
+            return key
         return v
 
     @field_validator("python")

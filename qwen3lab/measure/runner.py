@@ -53,12 +53,23 @@ def git_commit(path: str | None) -> str | None:
                              text=True, timeout=10)
         sha = got.stdout.strip()
         if got.returncode != 0 or not sha:
-            return None
+            return _archived_commit()
         dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--", str(Path(path).resolve())],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _archived_commit() -> str | None:
+    """Outside a git checkout (a kit's `git archive` copy): the commit written beside the package, as
+    `archive:SHA` (the experiment file's own state is then unknown)."""
+    stamp = Path(__file__).resolve().parents[2] / "COMMIT"
+    try:
+        sha = stamp.read_text().strip()
+    except OSError:
+        return None
+    return f"archive:{sha}" if sha else None
 
 
 class _Flusher:
@@ -188,6 +199,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
                       "torch_version": build.torch_version if build else None,
                       "python_executable": build.python if build else None,
                       "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
+            if server.info.get("emulation"):  # the utilization that capped memory to the target card's budget
+                fields["info_json"] = extra["info_json"] = {**fields["info_json"], "emulation": server.info["emulation"]}
             store.update_run(run_id, **extra)
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
@@ -203,7 +216,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             sampler.stop()
             flusher.flush()
             # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
-            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
+            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo,
+                                              opening_burst(trial.workload))
             client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
             summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
@@ -240,6 +254,12 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
         store.finish_run(run_id, status, reason, summary, **extra)
     return TrialResult(trial, run_id, status, reason, summary)
+
+
+def opening_burst(workload) -> int:
+    """Requests a closed loop sends at once on an idle server when the measured phase opens: its concurrency
+    (an open loop, `request_rate`, ramps in by its arrivals and has none)."""
+    return 0 if workload.request_rate else int(workload.concurrency or 0)
 
 
 def _first_error(records: list[RequestRecord]) -> str:
