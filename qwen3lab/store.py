@@ -66,7 +66,13 @@ MIGRATIONS: list[str] = [
         run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, value DOUBLE
     );
     """,
-    # 2: which server of a split topology answered each request (the router's x-qwen3lab-route header)
+    # 2: what a run may be compared with, and why its measurement cannot be trusted (NULL: it can)
+    """
+    ALTER TABLE runs ADD COLUMN comparability_key VARCHAR;
+    ALTER TABLE runs ADD COLUMN validity VARCHAR;
+    ALTER TABLE runs ADD COLUMN checks_json VARCHAR;
+    """,
+    # 3: which server of a split topology answered each request (the router's x-qwen3lab-route header)
     "ALTER TABLE requests ADD COLUMN route VARCHAR;",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -184,7 +190,7 @@ class Store:
             return
         import pyarrow as pa
 
-        rows = [r if isinstance(r, dict) else _record_row(r) for r in records]
+        rows = [r if isinstance(r, dict) else record_row(r) for r in records]
         table = pa.table({c: [row.get(c, run_id) if c == "run_id" else row.get(c) for row in rows]
                           for c in REQUEST_COLUMNS},
                          schema=_request_schema())
@@ -235,8 +241,10 @@ class Store:
         if run_ids is not None:
             where.append("run_id IN (SELECT unnest(?))")
             params.append(list(run_ids))
-        drop = () if with_json else ("summary_json", "info_json", "config_json", "workload_json", "exec_argv_json")
-        cols = "*" if with_json else "* EXCLUDE (" + ", ".join(drop) + ")"
+        drop = () if with_json else ("summary_json", "info_json", "config_json", "workload_json", "exec_argv_json",
+                                     "checks_json")
+        # a lambda, not EXCLUDE: a file of an older schema (opened read-only, not migrated) lacks newer columns
+        cols = "*" if with_json else "COLUMNS(lambda c: c NOT IN (" + ", ".join(f"'{c}'" for c in drop) + "))"
         sql = f"SELECT {cols} FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY started_at DESC"
         df = self._query(sql, params)
         return df if df is not None else pd.DataFrame()
@@ -249,13 +257,14 @@ class Store:
             raise StoreError(f"no run {run_id!r} in {self.path}: list them with `qwen3lab runs`")
         row = df.iloc[0].to_dict()
         for key in ("summary_json", "info_json", "config_json", "workload_json", "slo_json", "tags_json",
-                    "exec_argv_json", "env_json"):
+                    "exec_argv_json", "env_json", "checks_json"):
             if row.get(key):
                 row[key.removesuffix("_json")] = json.loads(row[key])
         return row
 
     def requests(self, run_ids: Sequence[str], measured_only: bool = True, with_chunks: bool = True):
-        cols = "*" if with_chunks else "* EXCLUDE (chunk_times)"
+        # chunk_count: the output-token count of a request whose server sent no usage (metrics' rule)
+        cols = "*, len(chunk_times) AS chunk_count" if with_chunks else "* EXCLUDE (chunk_times), len(chunk_times) AS chunk_count"
         warm = "AND NOT warmup" if measured_only else ""
         df = self._query(f"SELECT {cols} FROM requests WHERE run_id IN (SELECT unnest(?)) {warm} ORDER BY run_id, idx",
                          [list(run_ids)])
@@ -291,7 +300,7 @@ def _sql_value(v: Any) -> Any:
     return v
 
 
-def _record_row(r: Any) -> dict[str, Any]:
+def record_row(r: Any) -> dict[str, Any]:
     return {
         "idx": r.index, "request_class": r.request_class, "warmup": r.warmup, "shared_prefix": r.shared_prefix,
         "prompt_tokens_target": r.prompt_tokens_target, "output_tokens_target": r.output_tokens_target,

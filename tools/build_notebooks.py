@@ -330,8 +330,11 @@ n_boot = 1000  # bootstrap resamples for the intervals''', tags=["parameters"]),
     md('''\
 # 99 · Report
 
-For one experiment: all trials side by side (the newest run of each), the winner under the experiment's SLOs
-with its margin over the runner-up, and each knob's effect against its chapter's baseline with a 95% interval.'''),
+For one experiment: all trials side by side (the current run of each), the winner of each group of comparable
+runs (same requests, tokenizer, machine and vLLM build) under the experiment's SLOs with its margin over the
+runner-up, and each knob's effect against its chapter's baseline. Intervals resample launches, then request
+blocks; verdicts are better / worse / can't tell (Holm-corrected across a chapter), and say so when a trial had
+one launch, which leaves the launch-to-launch spread unknown.'''),
     code('''\
 from qwen3lab.analysis import plots
 from qwen3lab import workbook

@@ -271,7 +271,8 @@ def _check_engine(verdict: Verdict, cfg: EngineConfig, machine: Machine | None, 
         verdict.errors += errors
         verdict.skip = verdict.skip or skip
         verdict.notes += notes
-    target = plan_target(gpu_id, machine)
+    # Under `emulate` memory is judged on the target card; kernels (and machine rules) stay the host's.
+    target = cfg.emulate or plan_target(gpu_id, machine)
     if info is not None and target:
         from qwen3lab.hardware import planner
 

@@ -2,6 +2,9 @@
 
 Every field is vLLM's own name and carries a description. `None` always means "vLLM's default", so a config
 with nothing set *is* the vLLM-defaults baseline, and `to_argv()` emits only what was set.
+
+Lines: one module because every experiment-file model validates against the others (an engine's split topology
+builds its two route engines); splitting it would only move the flag table away from the fields it writes.
 """
 from __future__ import annotations
 
@@ -128,6 +131,9 @@ class EngineConfig(Strict):
         description="The vLLM build to run: a venv folder or its bin/python. Unset = the python running "
         "qwen3lab. This is how two vLLM versions or a source build are compared.",
     )
+    emulate: str | None = Field(
+        None, description="Measure as if on this smaller GPU (catalogue id, e.g. a100-80g, rtx4090) on a bigger "
+        "one: vLLM's memory budget is capped to the target's gpu_memory_utilization x total. Speeds stay the host's.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the server only.")
     extra_args: list[str] = Field(default_factory=list, description="Any other `vllm serve` flags, passed through.")
     topology: SplitTopology | None = Field(
@@ -159,6 +165,18 @@ class EngineConfig(Strict):
     def _quantization(cls, v):
         if v is not None and v not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {v!r}; allowed: {', '.join(QUANTIZATIONS)}")
+        return v
+
+    @field_validator("emulate")
+    @classmethod
+    def _emulate(cls, v):
+        if v is not None:
+            from qwen3lab.hardware.catalogue import ALIASES, CATALOGUE
+
+            key = ALIASES.get(v.lower(), v.lower())
+            if key not in CATALOGUE:
+                raise ValueError(f"unknown GPU {v!r} to emulate; allowed: {', '.join([*CATALOGUE, *ALIASES])}")
+            return key
         return v
 
     @field_validator("python")
@@ -420,6 +438,8 @@ class SLO(Strict):
     ttft_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TTFT must be at most this.")
     tpot_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TPOT must be at most this.")
     e2el_p99_ms: float | None = Field(None, gt=0, description="Trial-level: P99 E2EL must be at most this.")
+    max_failed_fraction: float = Field(0.0, ge=0, le=1, description="Trial-level: at most this fraction of requests "
+                                       "may fail, time out or be left unfinished (0: none may).")
 
 
 class Trial(Strict):
@@ -434,6 +454,10 @@ class Trial(Strict):
     skip_reason: str | None = Field(None, description="Why this trial cannot run here; it is stored as skipped.")
     baseline: str | None = Field(None, description="Name of the trial this one is compared against.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free labels (knob, recipe, ...).")
+    repeats: int = Field(1, ge=1, le=50, description="Launches of this trial, interleaved with its chapter's other "
+                         "trials; the spread between launches goes into every interval. Not part of the key.")
+    max_repeats: int | None = Field(None, ge=2, le=50, description="repeats: auto: more launches while this trial "
+                                    "and the other leader cannot be told apart, up to this many.")
 
     @property
     def key(self) -> str:

@@ -55,7 +55,7 @@ class RequestRecord:
 class LoadResult:
     records: list[RequestRecord]
     started_at: float  # wall clock (time.time) when the measured load began
-    duration_s: float  # first measured send to last measured completion
+    duration_s: float  # first measured send to the end of the load, failures included (vllm bench's duration)
     client_cpu_s: float  # CPU seconds this process spent during the measured load
     t0_perf: float  # time.perf_counter() when the measured load began: the origin of every `sent_at`
     loop_lag_s: list[float] = field(default_factory=list)  # how late each LAG_PROBE_S wake-up of the loop came
@@ -353,6 +353,6 @@ async def run_load(
         for task in tasks + [probe]:
             task.cancel()
         gc.unfreeze()
-    ends = [r.sent_at + r.e2el for r in records if not r.warmup and r.e2el is not None]
-    duration = (max(ends) if ends else time.perf_counter() - t0)
+    # vllm bench's duration: to the end of the load, so a request that failed or timed out still takes its time
+    duration = time.perf_counter() - t0
     return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags)

@@ -20,7 +20,7 @@ from pathlib import Path
 from qwen3lab import __version__
 from qwen3lab.measure import engine, topology, workload as wl
 from qwen3lab.hardware import catalogue as hardware
-from qwen3lab.analysis import metrics
+from qwen3lab.analysis import comparable, metrics, validity
 from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
@@ -53,12 +53,23 @@ def git_commit(path: str | None) -> str | None:
                              text=True, timeout=10)
         sha = got.stdout.strip()
         if got.returncode != 0 or not sha:
-            return None
+            return _archived_commit()
         dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--", str(Path(path).resolve())],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _archived_commit() -> str | None:
+    """Outside a git checkout (a kit's `git archive` copy): the commit written beside the package, as
+    `archive:SHA` (the experiment file's own state is then unknown)."""
+    stamp = Path(__file__).resolve().parents[2] / "COMMIT"
+    try:
+        sha = stamp.read_text().strip()
+    except OSError:
+        return None
+    return f"archive:{sha}" if sha else None
 
 
 class _Flusher:
@@ -188,6 +199,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
                       "torch_version": build.torch_version if build else None,
                       "python_executable": build.python if build else None,
                       "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
+            if server.info.get("emulation"):  # the utilization that capped memory to the target card's budget
+                fields["info_json"] = extra["info_json"] = {**fields["info_json"], "emulation": server.info["emulation"]}
             store.update_run(run_id, **extra)
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
@@ -203,7 +216,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             sampler.stop()
             flusher.flush()
             # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
-            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
+            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo,
+                                              opening_burst(trial.workload))
             client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
             summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
@@ -218,6 +232,13 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
             store.add_samples(run_id, samples)
             extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+            measured = [r for r in result.records if not r.warmup]
+            planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
+            check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
+                                    client_cpu_s, [r.sent_at for r in measured], planned,
+                                    ramp=trial.workload.concurrency or 0)
+            extra |= {"validity": validity.label(check), "checks_json": check,
+                      "comparability_key": comparable.comparability_key({**fields, **extra})}
             if not server.alive():
                 status, reason = server.death()
             elif summary["completed"] == 0:
@@ -242,6 +263,12 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
         store.finish_run(run_id, status, reason, summary, **extra)
     return TrialResult(trial, run_id, status, reason, summary)
+
+
+def opening_burst(workload) -> int:
+    """Requests a closed loop sends at once on an idle server when the measured phase opens: its concurrency
+    (an open loop, `request_rate`, ramps in by its arrivals and has none)."""
+    return 0 if workload.request_rate else int(workload.concurrency or 0)
 
 
 def _first_error(records: list[RequestRecord]) -> str:

@@ -94,7 +94,8 @@ def tokenizer_source(engine) -> str:
     if engine.tokenizer:
         return engine.tokenizer
     if engine.kind == "vllm":
-        return default_tokenizer(engine.model) or resolve_model_path(engine.model)
+        return (default_tokenizer(engine.model, engine.load_format)
+                or resolve_model_path(engine.model, engine.load_format))
     return engine.model
 
 

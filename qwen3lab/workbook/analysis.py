@@ -150,7 +150,7 @@ def long_context_memory(runs: pd.DataFrame) -> pd.DataFrame:
     """What each context window costs: KV bytes per token and per full sequence, and the KV capacity vLLM
     reported (how many full-length sequences fit at once)."""
     from qwen3lab.experiment.spec import EngineConfig
-    from qwen3lab.hardware import planner
+    from qwen3lab.hardware import memory
     from qwen3lab.models import model_info
 
     rows = []
@@ -159,7 +159,7 @@ def long_context_memory(runs: pd.DataFrame) -> pd.DataFrame:
         info = model_info(cfg.get("model", ""))
         mml = cfg.get("max_model_len") or (info.max_position_embeddings if info else None)
         # The planner's rule (the model's dtype, or --dtype, unless the KV cache is FP8).
-        per_token = planner.kv_bytes_per_token(planner.with_engine_dtype(info, EngineConfig.model_validate(cfg)),
+        per_token = memory.kv_bytes_per_token(memory.with_engine_dtype(info, EngineConfig.model_validate(cfg)),
                                                cfg.get("kv_cache_dtype")) if info else None
         kv_tokens = row.get("vllm_kv_tokens")
         rows.append({"trial": row["trial"], "max_model_len": mml,

@@ -34,7 +34,7 @@ NOTEBOOKS: dict[str, str | None] = {
     "99_report": None,
 }
 CHAPTER_NOTEBOOK = {chapter: stem for stem, chapter in NOTEBOOKS.items() if chapter}
-RUN_COLUMNS = ["chapter", "trial", "status", "reason", "output_throughput", "request_throughput", "median_ttft_ms",
+RUN_COLUMNS = ["chapter", "trial", "status", "reason", "validity", "output_throughput", "request_throughput", "median_ttft_ms",
                "p95_ttft_ms", "median_tpot_ms", "p99_e2el_ms", "request_goodput", "completed", "failed",
                "vllm_kv_tokens", "vllm_version", "launch_command", "run_id", "notebook_path"]
 
