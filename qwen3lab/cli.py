@@ -84,6 +84,30 @@ def sweep(
 
 
 @app.command()
+def capacity(
+    experiment: Path = typer.Argument(..., help="Experiment YAML; each workload may set capacity: {axis, min_attainment, ...}."),
+    db: str = DB,
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Only these chapters (repeatable or comma-separated)."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where server logs are kept."),
+    fresh: bool = typer.Option(False, "--fresh", help="Measure again configurations whose capacity is stored."),
+    as_json: bool = typer.Option(False, "--json", help="Print per trial: axis, capacity, interval, points measured."),
+):
+    """Capacity of each trial: one server per configuration, load doubled to the first SLO failure, then bisected."""
+    from qwen3lab import report
+    from qwen3lab.measure import capacity as cap
+
+    chapters = [c for item in only or [] for c in item.split(",") if c] or None
+    try:
+        results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, console=err)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_dict() for r in results], indent=2, default=str) + "\n")
+    else:
+        console.print(report.capacity_table(results))
+
+
+@app.command()
 def runs(
     db: str = DB,
     experiment: Optional[str] = typer.Option(None, help="Only this experiment."),

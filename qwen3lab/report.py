@@ -112,3 +112,17 @@ def schema_table(section: str) -> Table:
         default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
         t.add_row(name, str(f.annotation).replace("typing.", ""), default, f.description or "")
     return t
+
+
+def capacity_table(results) -> Table:
+    """One row per configuration: capacity, its bracket, and the points measured (load: pass/fail)."""
+    t = Table(title="Capacity under the SLOs (largest passing load; bracket = last pass, first fail)",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("trial", "status", "axis", "capacity", "bracket", "points", "start s", "search"):
+        t.add_column(name, overflow="fold", justify="right" if name in ("capacity", "start s") else "left")
+    for r in results:
+        points = " ".join(f"{p.load:g}{'+' if p.passed else '-'}" for p in r.points)
+        t.add_row(f"{r.trial.chapter}/{r.trial.name}", r.status, r.axis, _num(r.capacity, "{:g}"),
+                  f"[{_num(r.low, '{:g}')}, {_num(r.high, '{:g}')}]", points or "-", _num(r.start_s, "{:.0f}"),
+                  r.search_id)
+    return t

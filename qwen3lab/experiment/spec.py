@@ -290,6 +290,27 @@ class RequestClass(Strict):
         return v
 
 
+class Capacity(Strict):
+    """Ask for the largest load one configuration serves within its SLOs (one server for every load point)."""
+
+    axis: Literal["request_rate", "concurrency"] = Field(
+        "request_rate", description="What is raised: open-loop requests per second, or requests in flight.")
+    min_attainment: float = Field(
+        0.95, gt=0, le=1, description="Share of requests (failures count as misses) that must meet every SLO.")
+    criterion: Literal["attainment", "percentiles"] = Field(
+        "attainment", description="attainment: min_attainment of requests meet the per-request SLOs; "
+        "percentiles: the trial-level SLO percentiles (ttft_p95_ms, ...) must hold.")
+    tolerance: float = Field(0.05, gt=0, lt=1, description="Stop bisecting when (fail - pass) / fail is at most this.")
+    max_points: int = Field(12, ge=2, le=64, description="Most load points measured for one configuration.")
+    start: float | None = Field(None, gt=0, description="First load point (default: the workload's own value on "
+                                "the axis, else 1).")
+    requests_per_point: int | None = Field(None, ge=4, description="Measured requests per point (default: num_requests).")
+    warmup_per_point: int = Field(2, ge=0, description="Unmeasured requests sent before each point.")
+    saturation_waiting: int | None = Field(
+        None, ge=1, description="End a point as failed (saturated) once vLLM's waiting queue holds this many "
+        "requests: the server is not keeping up (default: half the point's requests).")
+
+
 class Workload(Strict):
     """What the load generator sends, and when."""
 
@@ -318,6 +339,9 @@ class Workload(Strict):
     seed: int = Field(0, description="Seed for lengths, words, classes and arrival gaps: same seed, same bytes.")
     request_timeout_s: float = Field(600.0, gt=0, description="A request that takes longer is recorded as failed.")
     scrape_interval_s: float = Field(1.0, gt=0, description="How often /metrics is scraped during the load.")
+    capacity: Capacity | None = Field(
+        None, description="Measure capacity (`qwen3lab capacity`): raise the load on one server until the SLOs fail, "
+        "then bisect.")
 
     @model_validator(mode="after")
     def _checks(self):
@@ -357,7 +381,10 @@ class Trial(Strict):
         """Identity for resuming: same experiment, chapter, name, engine and workload = same trial."""
         return stable_hash({
             "experiment": self.experiment, "chapter": self.chapter, "name": self.name,
-            "engine": self.engine.model_dump(mode="json"), "workload": self.workload.model_dump(mode="json"),
+            "engine": self.engine.model_dump(mode="json"),
+            # capacity is left out while unset, so trials stored before it existed keep their keys
+            "workload": self.workload.model_dump(mode="json", exclude={"capacity"} if self.workload.capacity is None
+                                                 else None),
         })[:16]
 
 

@@ -112,13 +112,17 @@ def _chat_template_tokens(server: engine.Server, trial: Trial) -> int:
         return 0  # not a vLLM server: prompt lengths then exclude the template
 
 
-async def _measure(server: engine.Server, requests, trial: Trial, on_done) -> tuple[LoadResult, list]:
+async def _measure(server: engine.Server, requests, trial: Trial, on_done,
+                   stop_when: Callable[[list], bool] | None = None) -> tuple[LoadResult, list]:
     scraper = MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers)
     stop = asyncio.Event()
     task = asyncio.create_task(scraper.run(stop))
+    # stop_when sees the /metrics samples so far: a capacity point ends once its verdict is decided
+    should_stop = (lambda: not server.alive()) if stop_when is None else \
+        (lambda: not server.alive() or stop_when(scraper.samples))
     try:
         result = await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
-                                headers=server.headers, should_stop=lambda: not server.alive())
+                                headers=server.headers, should_stop=should_stop)
     finally:
         stop.set()
         await task
@@ -138,17 +142,26 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
     )
 
 
-def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
-              notebook_path: str | None = None, machine: preflight.Machine | None = None,
-              progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
-              ready_timeout_s: float = 900.0, gpu_id: str | None = None) -> TrialResult:
-    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial."""
+@dataclass
+class Begun:
+    """A run row written before anything is launched; `skipped` when pre-flight says it cannot run here."""
+
+    run_id: str
+    info: dict
+    skipped: str | None = None
+
+
+def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, notebook_path: str | None = None,
+              machine: preflight.Machine | None = None, gpu_id: str | None = None, **link) -> Begun:
+    """Pre-flight, then the run row (status running, or skipped with the reason). Raises SpecErrors first.
+
+    `link` are extra run columns, e.g. a capacity point's search_id, point_index and offered_load."""
     probe = hardware.probe()
     machine = machine or preflight.Machine.local()
     verdict = preflight.check(trial, machine, gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
-    fields = _provenance(trial, experiment_path, notebook_path, probe)
+    fields = _provenance(trial, experiment_path, notebook_path, probe) | link
     fields["info_json"] = {"qwen3lab_version": __version__, "preflight_notes": verdict.notes, "plan": verdict.plan,
                            "machine": probe}
     if verdict.plan:
@@ -156,24 +169,42 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
     if verdict.skip:
         run_id = store.begin_run(status="skipped", reason=verdict.skip, **fields)
         store.finish_run(run_id, "skipped", verdict.skip)
-        return TrialResult(trial, run_id, "skipped", verdict.skip)
-    run_id = store.begin_run(**fields)
-    log_path = Path(runs_dir) / run_id / "server.log"
-    store.update_run(run_id, log_path=str(log_path))
+        return Begun(run_id, fields["info_json"], verdict.skip)
+    return Begun(store.begin_run(**fields), fields["info_json"])
+
+
+@dataclass
+class Measured:
+    status: str
+    reason: str | None
+    summary: dict
+    extra: dict  # run columns learnt while measuring (build, digests, client CPU, ...)
+    records: list
+
+
+def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info: dict,
+            progress: Callable[[int], None] | None = None, on_done: Callable[[RequestRecord], None] | None = None,
+            stop_when: Callable[[list], bool] | None = None) -> Measured:
+    """Load a running server with the trial's workload, flushing requests and samples to run_id as they come.
+
+    Several calls may share one server (a capacity search's load points); each is its own run."""
+    build = server.build
+    extra = {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
+             or (build.vllm_version if build else None),
+             "torch_version": build.torch_version if build else None,
+             "python_executable": build.python if build else None,
+             "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
+    store.update_run(run_id, **extra)
     # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
     sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,
                           visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
-    status, reason, summary, extra = "failed", None, None, {}
     try:
-        with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server, \
-                _Flusher(store, run_id, progress) as flusher:
-            build = server.build
-            extra |= {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
-                      or (build.vllm_version if build else None),
-                      "torch_version": build.torch_version if build else None,
-                      "python_executable": build.python if build else None,
-                      "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
-            store.update_run(run_id, **extra)
+        with _Flusher(store, run_id, progress) as flusher:
+            def done(rec: RequestRecord) -> None:
+                flusher.add(rec)
+                if on_done:
+                    on_done(rec)
+
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
             template = _chat_template_tokens(server, trial)
@@ -181,40 +212,65 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
-            result, scraped = run_sync(_measure(server, requests, trial, flusher.add))
+            result, scraped = run_sync(_measure(server, requests, trial, done, stop_when))
             sampler.stop()
             flusher.flush()
-            table = metrics.RequestTable.from_records(result.records)
-            summary = metrics.summarize(table, result.duration_s, trial.slo)
-            summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
-                        "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
-            summary |= sampler.summary() if sampler.samples else {}
-            samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
-            samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
-            store.add_samples(run_id, samples)
-            extra |= {"client_cpu_s": result.client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
-            if not server.alive():
-                status, reason = server.death()
-            elif summary["completed"] == 0:
-                status, reason = "failed", _first_error(result.records)
-            else:
-                status = "ok"
-                if summary["failed"]:
-                    reason = f"{summary['failed']} requests failed; first: {_first_error(result.records)}"
-    except EngineError as exc:
-        status, reason = exc.outcome, exc.reason
+    finally:
+        sampler.stop()
+        if sampler.why_not:
+            extra["info_json"] = {**info, "gpu_telemetry": sampler.why_not}
+    table = metrics.RequestTable.from_records(result.records)
+    summary = metrics.summarize(table, result.duration_s, trial.slo)
+    summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
+                "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
+    summary |= sampler.summary() if sampler.samples else {}
+    samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
+    samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
+    store.add_samples(run_id, samples)
+    extra |= {"client_cpu_s": result.client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+    if not server.alive():
+        status, reason = server.death()
+    elif summary["completed"] == 0:
+        status, reason = "failed", _first_error(result.records)
+    else:
+        status, reason = "ok", None
+        if summary["failed"]:
+            reason = f"{summary['failed']} requests failed; first: {_first_error(result.records)}"
+    return Measured(status, reason, summary, extra, result.records)
+
+
+def record_failure(log_path: Path, exc: BaseException) -> tuple[str, str]:
+    """(status, reason) of an error met while running a trial, its traceback appended to the server log."""
+    if isinstance(exc, EngineError):
+        return exc.outcome, exc.reason
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as f:
+        f.write("\n# qwen3lab error\n" + "".join(traceback.format_exception(exc)))
+    return "failed", f"{type(exc).__name__}: {exc}"
+
+
+def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
+              notebook_path: str | None = None, machine: preflight.Machine | None = None,
+              progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
+              ready_timeout_s: float = 900.0, gpu_id: str | None = None) -> TrialResult:
+    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial."""
+    begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id)
+    if begun.skipped:
+        return TrialResult(trial, begun.run_id, "skipped", begun.skipped)
+    run_id = begun.run_id
+    log_path = Path(runs_dir) / run_id / "server.log"
+    store.update_run(run_id, log_path=str(log_path))
+    status, reason, summary, extra = "failed", None, None, {}
+    try:
+        with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server:
+            got = measure(server, trial, store, run_id, begun.info, progress)
+            status, reason, summary, extra = got.status, got.reason, got.summary, got.extra
     except KeyboardInterrupt:
         status, reason = "interrupted", "stopped by the user (Ctrl-C)"
         raise
     except Exception as exc:  # noqa: BLE001 - stored with its traceback, then the sweep goes on
-        status, reason = "failed", f"{type(exc).__name__}: {exc}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a") as f:
-            f.write("\n# qwen3lab error\n" + traceback.format_exc())
+        status, reason = record_failure(log_path, exc)
     finally:
-        sampler.stop()
-        if sampler.why_not:
-            extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
         store.finish_run(run_id, status, reason, summary, **extra)
     return TrialResult(trial, run_id, status, reason, summary)
 
