@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from qwen3lab.analysis import compare, export, plots
+from qwen3lab.analysis import compare, export, plots, selection
 from qwen3lab.hardware import planner
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.experiment.spec import SLO
@@ -21,7 +21,6 @@ from qwen3lab.store import DEFAULT_DB, Store
 
 DB_ENV = "QWEN3LAB_DB"
 TTL_S = 5  # new runs of a sweep appear within this long, or at once with Refresh
-FINISHED = ("ok",)
 ALL = "(all experiments)"  # compare across experiments, e.g. an imported vllm bench run beside qwen3lab's own
 
 
@@ -124,14 +123,14 @@ def refresh_button() -> None:
 
 # --- what is compared ----------------------------------------------------------------------------------
 def newest_per_trial(df: pd.DataFrame) -> pd.DataFrame:
-    """The newest finished run of each trial (older repeats stay selectable by hand)."""
-    ok = df[df.status.isin(FINISHED)]
-    return ok.drop_duplicates(subset=["experiment", "chapter", "trial"], keep="first")
+    """The ok run standing for each trial (selection.current; older repeats stay selectable by hand), newest
+    first like the store's listing."""
+    return selection.current(df, measured_only=True).iloc[::-1].reset_index(drop=True)
 
 
 def default_experiment(df: pd.DataFrame) -> str | None:
     """The newest experiment qwen3lab ran itself (imports and endpoints only when there is nothing else)."""
-    ok = df[df.status.isin(FINISHED) & df.experiment.notna()]
+    ok = df[df.status.isin(selection.MEASURED) & df.experiment.notna()]
     own = ok[ok.engine_kind == "vllm"]
     pick = own if not own.empty else ok
     return None if pick.empty else str(pick.experiment.iloc[0])
@@ -150,7 +149,7 @@ def selection_sidebar(df: pd.DataFrame) -> list[str]:
         st.session_state.pop("run_ids", None)
     exp = st.sidebar.selectbox("Experiment", exps, key="experiment", on_change=lambda: st.session_state.pop("run_ids", None))
     mine = df if exp == ALL else df[df.experiment == exp]
-    choices = mine[mine.status.isin(FINISHED)]
+    choices = mine[mine.status.isin(selection.MEASURED)]
     labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
               for r in choices.itertuples()}
     if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):

@@ -46,15 +46,21 @@ def run(
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
     from qwen3lab import report
-    from qwen3lab.measure import runner
+    from qwen3lab.measure import executor
+    from qwen3lab.store import Store
 
     try:
-        results = runner.run_experiment(experiment, db, only=only, runs_dir=runs_dir, dry_run=dry_run,
-                                        retry_failed=retry_failed, fresh=fresh, console=console)
+        planned = executor.plan(experiment, only, for_written_gpu=dry_run)
+        if dry_run:
+            report.print_dry_run(planned, console)
+            planned.raise_errors()
+            return
+        planned.raise_errors()
+        with report.TrialProgress(console) as progress:
+            results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
-    if not dry_run:
-        console.print(report.results_table(results, db))
+    console.print(report.results_table(results, db))
 
 
 @app.command()

@@ -4,9 +4,11 @@ from __future__ import annotations
 import math
 
 from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
+from qwen3lab.measure.executor import Listener
 
 
 def _num(v, fmt="{:.1f}") -> str:
@@ -94,6 +96,62 @@ def dry_run_table(verdicts, machine) -> Table:
         colour = {"ok": "green", "skip": "yellow"}.get(v.label, "red")
         t.add_row(v.trial.chapter, v.trial.name, f"[{colour}]{v.label}[/]", "\n".join(lines))
     return t
+
+
+def print_dry_run(planned, console) -> None:
+    """Every planned trial's launch command and verdict, a count per verdict, and whether a run would launch."""
+    console.print(dry_run_table(planned.verdicts, planned.machine))
+    counts: dict[str, int] = {}
+    for v in planned.verdicts:
+        counts[v.label] = counts.get(v.label, 0) + 1
+    console.print(f"{len(planned.verdicts)} trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    if planned.errors:
+        console.print(f"[bold red]{len(planned.errors)} pre-flight error(s)[/]: a run of this file would launch "
+                      "nothing until they are fixed.")
+
+
+class TrialProgress(Listener):
+    """executor.execute shown as a progress bar: one bar for the experiment, one for the trial's requests."""
+
+    def __init__(self, console):
+        self.console = console
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False)
+        super().__init__(log=self.bar.console.print)
+        self.overall = self.task = None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def started(self, planned) -> None:
+        self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}", total=len(planned.verdicts))
+
+    def resumed(self, trial, run_id, status) -> None:
+        self.log(f"[dim]= {trial.chapter}/{trial.name}: {status} earlier (run {run_id})[/]")
+        self.bar.advance(self.overall)
+
+    def left_out(self, trial, why) -> None:
+        super().left_out(trial, why)
+        self.bar.advance(self.overall)
+
+    def launching(self, trial, verdict) -> None:
+        w = trial.workload
+        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
+                                      total=w.num_requests if not w.duration_s else None)
+
+    def requests_done(self, trial, count) -> None:
+        self.bar.advance(self.task, count)
+
+    def finished(self, result) -> None:
+        self.bar.remove_task(self.task)
+        colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
+        self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
+                 + (f": {result.reason}" if result.reason else ""))
+        self.bar.advance(self.overall)
 
 
 def schema_table(section: str) -> Table:

@@ -285,14 +285,9 @@ class Store:
         return self._query(f"SELECT * FROM samples WHERE run_id IN (SELECT unnest(?)) {extra} ORDER BY run_id, t",
                            [list(run_ids), *params])
 
-    def finished_trial(self, trial_key: str) -> str | None:
-        """The run id of a trial that already ended ok or skipped (a sweep does not run it again)."""
-        df = self._query("SELECT run_id FROM runs WHERE trial_key = ? AND status IN ('ok', 'skipped') "
-                         "ORDER BY started_at DESC LIMIT 1", [trial_key])
-        return None if df is None or df.empty else str(df.run_id[0])
-
     def trial_runs(self, trial_key: str):
-        return self._query("SELECT run_id, status, reason FROM runs WHERE trial_key = ? ORDER BY started_at",
+        return self._query("SELECT run_id, trial_key, status, reason, started_at FROM runs WHERE trial_key = ? "
+                           "ORDER BY started_at",
                            [trial_key])
 
     # --- capacity searches ----------------------------------------------------------------------------

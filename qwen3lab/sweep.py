@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from qwen3lab.experiment import files as xp
-from qwen3lab.experiment import preflight
 from qwen3lab import workbook
-from qwen3lab.errors import Qwen3LabError, SpecErrors
+from qwen3lab.errors import Qwen3LabError
+from qwen3lab.measure import executor
 
 # How long a kernel that was asked to stop may take to finish its trial (stop vLLM, write the run row).
 KERNEL_SHUTDOWN_WAIT_S = 90.0
@@ -118,31 +118,9 @@ def dry_run(experiment_path: str | os.PathLike, only: list[str] | None = None, c
 
     from qwen3lab import report
 
-    console = console or Console()
-    exp = xp.load(experiment_path)
-    trials = xp.expand(exp, only)
-    machine = preflight.Machine.for_gpu(exp.gpu) if exp.gpu else preflight.Machine.local()
-    verdicts = preflight.check_all(trials, machine, exp.gpu)
-    console.print(report.dry_run_table(verdicts, machine))
-    counts: dict[str, int] = {}
-    for v in verdicts:
-        counts[v.label] = counts.get(v.label, 0) + 1
-    console.print(f"{len(verdicts)} trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-    errors = [e for v in verdicts for e in v.errors]
-    if errors:
-        console.print(f"[bold red]{len(errors)} pre-flight error(s)[/]: a sweep of this file would launch nothing "
-                      "until they are fixed.")
-    return SweepResult(exp.name, [], dry_run=True, verdicts=verdicts)
-
-
-def _check_before_launch(exp: xp.Experiment, path, only) -> None:
-    """All pre-flight errors of the whole sweep, before the first notebook starts."""
-    machine = preflight.Machine.local()
-    trials = xp.expand(exp, only)
-    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
-    errors = [e for v in preflight.check_all(trials, machine, exp.gpu) for e in v.errors]
-    if errors:
-        raise SpecErrors(errors)
+    planned = executor.plan(experiment_path, only, for_written_gpu=True)
+    report.print_dry_run(planned, console or Console())
+    return SweepResult(planned.experiment.name, [], dry_run=True, verdicts=planned.verdicts)
 
 
 def _kernel_manager_class():
@@ -203,7 +181,7 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
         params["retry_failed"] = True
     exp, execs = plan(experiment_path, db, only, runs_dir, params, with_environment=with_environment,
                       with_report=with_report)
-    _check_before_launch(exp, experiment_path, only)
+    executor.plan(exp, only).raise_errors()  # every pre-flight error of the sweep, before the first notebook
     # The kernel imports the same qwen3lab as this process, whatever is installed, and works from the
     # repository root (relative paths of the experiment, such as engine.python: .venv/bin/python).
     env_path = os.environ.get("PYTHONPATH", "")

@@ -22,7 +22,7 @@ from qwen3lab.analysis import metrics
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import SLO, Capacity, Trial, Workload
-from qwen3lab.measure import engine, runner
+from qwen3lab.measure import engine, executor, runner
 from qwen3lab.measure.loadgen import RequestRecord
 from qwen3lab.store import Store
 
@@ -137,7 +137,11 @@ class PointJudge:
         if rec.warmup:
             return
         self.seen += 1
-        if rec.ok and bool(metrics.RequestTable.from_records([rec]).good(self.request_slo).all()):
+        # Light on purpose (this runs on the load's event loop): numpy on one row, no DataFrame.
+        one = metrics.RequestTable.from_columns(
+            ok=[rec.ok], ttft=[rec.ttft], e2el=[rec.e2el], prompt_tokens=[0], chunk_times=[None], request_class=[""],
+            output_tokens=[rec.output_tokens if rec.output_tokens is not None else len(rec.chunk_times)])
+        if rec.ok and bool(one.good(self.request_slo).all()):
             self.good += 1
 
     def stop(self, samples: list) -> bool:
@@ -151,9 +155,10 @@ class PointJudge:
         return self.early is not None
 
 
-def judge(spec: Capacity, slo: SLO, got: runner.Measured, early: str | None) -> tuple[bool, float | None, str]:
-    """(passed, attainment, why) of a measured point; attainment counts failed requests as misses."""
-    table = metrics.RequestTable.from_records(got.records)
+def judge(spec: Capacity, slo: SLO, got: runner.Measured, rows, early: str | None) -> tuple[bool, float | None, str]:
+    """(passed, attainment, why) of a measured point from its stored request rows; attainment counts failed
+    requests as misses."""
+    table = metrics.request_table(rows)
     n = len(table)
     attainment = float(table.good(metrics.per_request_slo(slo)).sum()) / n if n else None
     if got.status != "ok" or attainment is None:
@@ -192,11 +197,13 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
                      machine: preflight.Machine | None = None, gpu_id: str | None = None,
                      on_point: Callable[[Point], None] | None = None,
                      progress: Callable[[int], None] | None = None, ready_timeout_s: float = 900.0,
-                     on_server: Callable[[engine.Server], None] | None = None) -> CapacityResult:
-    """The capacity of one trial's configuration on one server; every point and the result are stored."""
+                     on_server: Callable[[engine.Server], None] | None = None,
+                     verdict: preflight.Verdict | None = None) -> CapacityResult:
+    """The capacity of one trial's configuration on one server; every point and the result are stored.
+    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan)."""
     spec = trial.workload.capacity or Capacity()
     machine = machine or preflight.Machine.local()
-    verdict = preflight.check(trial, machine, gpu_id)
+    verdict = verdict or preflight.check(trial, machine, gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
     search_id = store.begin_capacity(
@@ -266,7 +273,7 @@ def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_
     try:
         got = runner.measure(server, pt, store, begun.run_id, begun.info, progress, judge_.add, judge_.stop)
         status, reason, summary, extra = got.status, got.reason, got.summary, got.extra
-        passed, attainment, why = judge(spec, trial.slo, got, judge_.early)
+        passed, attainment, why = judge(spec, trial.slo, got, store.requests([begun.run_id]), judge_.early)
         if judge_.early:
             summary |= {"ended_early": judge_.early}
     except KeyboardInterrupt:
@@ -295,22 +302,16 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from qwen3lab.experiment import files as xp
-
     console = console or Console(stderr=True)
-    exp = xp.load(path)
-    trials = xp.expand(exp, only)
-    machine = preflight.Machine.local()
-    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
-    errors = [e for v in preflight.check_all(trials, machine, exp.gpu) for e in v.errors]
-    if errors:
-        raise SpecErrors(errors)
+    planned = executor.plan(path, only)
+    planned.raise_errors()
+    exp, trials, machine = planned.experiment, planned.trials, planned.machine
     store = Store(db)
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
         overall = bar.add_task(f"[bold]{exp.name} capacity", total=len(trials))
-        for trial in trials:
+        for trial, verdict in zip(trials, planned.verdicts):
             label = f"{trial.chapter}/{trial.name}"
             done = None if fresh else finished_search(store, trial)
             if done:
@@ -326,7 +327,7 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
                 bar.console.print(f"    {label} {p.load:g}: {'pass' if p.passed else 'fail'} ({p.why})")
 
             result = measure_capacity(trial, store, runs_dir, str(path), machine, exp.gpu, on_point=shown,
-                                      progress=lambda n, t=task: bar.advance(t, n))
+                                      progress=lambda n, t=task: bar.advance(t, n), verdict=verdict)
             bar.remove_task(task)
             colour = "green" if result.status in SEARCH_DONE else "yellow" if result.status == "skipped" else "red"
             bar.console.print(f"[{colour}]{result.status:>10}[/] {label}: capacity {result.capacity} "
