@@ -104,13 +104,43 @@ def capacity(
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     try:
-        results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, console=err)
+        with report.CapacityProgress(err) as listener:
+            results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
     except Qwen3LabError as exc:
         _fail(exc)
     if as_json:
         sys.stdout.write(json.dumps([r.as_dict() for r in results], indent=2, default=str) + "\n")
     else:
         console.print(report.capacity_table(results))
+
+
+@app.command()
+def search(
+    experiment: Path = typer.Argument(..., help="Experiment YAML with a search: {space, objective, budget, sampler}."),
+    db: str = DB,
+    budget_trials: Optional[int] = typer.Option(None, "--budget-trials", help="Most configurations measured in all (resumed ones count)."),
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Start no new configuration after this many seconds."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where server logs are kept."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start a new study instead of resuming the stored one."),
+    as_json: bool = typer.Option(False, "--json", help="Print the best configuration, its objective with interval, the history."),
+):
+    """Adaptive search over launch flags (optuna): pre-flight prunes infeasible points, resumes from the DB."""
+    import signal
+
+    from qwen3lab import report
+    from qwen3lab.measure import search as se
+
+    # SIGTERM stops like Ctrl-C: the running server is torn down and the trial stored as interrupted.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with report.SearchProgress(err) as listener:
+            result = se.run_search(str(experiment), db, str(runs_dir), budget_trials, budget_s, fresh, listener)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
+    else:
+        console.print(report.search_table(result))
 
 
 @app.command()

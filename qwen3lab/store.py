@@ -82,6 +82,15 @@ MIGRATIONS: list[str] = [
         spec_json VARCHAR
     );
     """,
+    # 3: adaptive searches over launch flags: one row per suggested configuration, pruned and failed ones too
+    """
+    CREATE TABLE search_trials (
+        study VARCHAR NOT NULL, number INTEGER NOT NULL, experiment VARCHAR, trial_key VARCHAR, trial VARCHAR,
+        params_json VARCHAR, state VARCHAR NOT NULL, value DOUBLE, value2 DOUBLE, low DOUBLE, high DOUBLE,
+        reason VARCHAR, run_id VARCHAR, search_id VARCHAR, config_hash VARCHAR, wall_s DOUBLE,
+        started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
@@ -328,6 +337,34 @@ class Store:
         df = self._query("SELECT * EXCLUDE (summary_json, info_json, config_json, workload_json, exec_argv_json) "
                          "FROM runs WHERE search_id IN (SELECT unnest(?)) ORDER BY search_id, point_index",
                          [list(search_ids)])
+        return df if df is not None else pd.DataFrame()
+
+    # --- adaptive searches ------------------------------------------------------------------------------
+    def add_search_trial(self, **fields: Any) -> None:
+        fields.setdefault("started_at", now())
+        cols = list(fields)
+        with self.connect() as con:
+            con.execute(f"INSERT INTO search_trials ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [_sql_value(v) for v in fields.values()])
+
+    def finish_search_trial(self, study: str, number: int, state: str, **fields: Any) -> None:
+        fields |= {"state": state, "ended_at": now()}
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.connect() as con:
+            con.execute(f"UPDATE search_trials SET {sets} WHERE study = ? AND number = ?",
+                        [*(_sql_value(v) for v in fields.values()), study, number])
+
+    def search_trials(self, study: str | None = None, experiment: str | None = None):
+        """A search's suggestions in the order they were made (empty when none)."""
+        import pandas as pd
+
+        where, params = [], []
+        for col, val in (("study", study), ("experiment", experiment)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        df = self._query(f"SELECT * FROM search_trials {'WHERE ' + ' AND '.join(where) if where else ''} "
+                         "ORDER BY study, number", params)
         return df if df is not None else pd.DataFrame()
 
     def experiments(self) -> list[str]:

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from qwen3lab.errors import SpecError, SpecErrors
-from qwen3lab.experiment.spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Trial, Workload
+from qwen3lab.experiment.spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Search, Trial, Workload
 
 _ENGINE = TypeAdapter(AnyEngine)
 
@@ -51,6 +51,7 @@ class Experiment(BaseModel):
     matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Chapter `main`: dotted key -> values.")
     trials: list[dict[str, Any]] = Field(default_factory=list, description="Chapter `main`: explicit trials.")
     chapters: dict[str, Chapter] = Field(default_factory=dict, description="Named chapters of the workbook.")
+    search: Search | None = Field(None, description="Adaptive search over launch flags (`qwen3lab search`).")
     path: str | None = Field(None, description="Where the file was read from (set by load).")
 
     def all_chapters(self) -> dict[str, Chapter]:
@@ -85,8 +86,8 @@ def _expand_chapter(chapter: Chapter, where: str) -> list[dict[str, Any]]:
     if chapter.matrix:
         keys = list(chapter.matrix)
         for values in itertools.product(*(chapter.matrix[k] for k in keys)):
-            name = ",".join(f"{k.split('.')[-1]}={_label(v)}" for k, v in zip(keys, values))
-            specs.append({"name": name, **dict(zip(keys, values))})
+            overrides = dict(zip(keys, values))
+            specs.append({"name": override_name(overrides), **overrides})
     for i, spec in enumerate(specs):
         if "name" not in spec:
             raise SpecError(f"{where}.trials[{i}].name", None, "a short unique name", "add name: ... to the trial")
@@ -115,6 +116,20 @@ def _trial(exp: Experiment, chapter_name: str, chapter: Chapter, spec: dict[str,
         slo=slo, skip_reason=spec.get("skip_reason") or chapter.skip,
         baseline=None if spec["name"] == baseline else baseline, tags=spec.get("tags", {}),
     )
+
+
+def override_name(overrides: dict[str, Any]) -> str:
+    """A trial's name made from its dotted overrides, as the matrix names them."""
+    return ",".join(f"{k.split('.')[-1]}={_label(v)}" for k, v in overrides.items())
+
+
+def trial_from(exp: Experiment, chapter: str, overrides: dict[str, Any]) -> Trial:
+    """One trial of the experiment's base with dotted overrides (a search's suggestion). Raises SpecErrors."""
+    spec = {"name": override_name(overrides), **overrides}
+    try:
+        return _trial(exp, chapter, Chapter(), spec, None, f"{exp.path or exp.name}: search {spec['name']!r}")
+    except SpecError as exc:
+        raise SpecErrors([exc]) from None
 
 
 def expand(exp: Experiment, only: list[str] | None = None) -> list[Trial]:

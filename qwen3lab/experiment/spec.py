@@ -363,6 +363,78 @@ class SLO(Strict):
     e2el_p99_ms: float | None = Field(None, gt=0, description="Trial-level: P99 E2EL must be at most this.")
 
 
+class Range(Strict):
+    """A numeric range of a search space: whole numbers when low and high are, else real ones."""
+
+    low: float = Field(description="Smallest value.")
+    high: float = Field(description="Largest value.")
+    log: bool = Field(False, description="Sample on a log scale (token budgets, batch sizes).")
+    step: float | None = Field(None, gt=0, description="Spacing of the values (not with log).")
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.high < self.low:
+            raise ValueError(f"high {self.high} is below low {self.low}: swap them")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log: true needs low > 0, not {self.low}")
+        return self
+
+    @property
+    def whole(self) -> bool:
+        return float(self.low).is_integer() and float(self.high).is_integer() and (self.step or 1).is_integer()
+
+
+class Budget(Strict):
+    trials: int | None = Field(None, ge=1, description="Most configurations measured (pruned ones do not count).")
+    wall_time_s: float | None = Field(None, gt=0, description="No new configuration starts after this many seconds.")
+
+
+SEARCH_OBJECTIVES = {"capacity": "maximize", "goodput": "maximize", "p95_ttft_ms": "minimize",
+                     "p95_tpot_ms": "minimize"}
+
+
+class Search(Strict):
+    """An adaptive search over launch flags (optuna), measured like any trial and resumed from DuckDB."""
+
+    space: dict[str, list[Any] | Range] = Field(
+        description="Dotted key -> values (a list: categorical) or {low, high, log, step} (a range), e.g. "
+        "engine.max_num_seqs: [32, 64], engine.max_num_batched_tokens: {low: 256, high: 8192, log: true}.")
+    objective: str | list[str] = Field(
+        "capacity", description="capacity (largest load within the SLOs) or goodput (SLO-meeting requests/s at "
+        "the workload's load); two (e.g. [capacity, p95_ttft_ms]) give a Pareto front (NSGA-II).")
+    budget: Budget = Field(default_factory=lambda: Budget(trials=8), description="When the search stops.")
+    sampler: Literal["tpe", "random", "grid"] = Field("tpe", description="optuna's TPE, random, or every point of "
+                                                      "a space of lists, in order.")
+    seed: int = Field(0, description="Sampler seed: the same seed suggests the same configurations.")
+    chapter: str = Field("search", description="Chapter the searched trials are stored under.")
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v):
+        if not v:
+            raise ValueError("the space is empty: add e.g. engine.max_num_seqs: [32, 64, 128]")
+        for key, values in v.items():
+            if key.split(".")[0] not in ("engine", "workload") or "." not in key:
+                raise ValueError(f"{key!r}: write engine.FIELD or workload.FIELD (dotted)")
+            if isinstance(values, list) and not values:
+                raise ValueError(f"{key}: an empty list of values")
+        return v
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v):
+        names = [v] if isinstance(v, str) else v
+        bad = [n for n in names if n not in SEARCH_OBJECTIVES]
+        if bad or not 1 <= len(names) <= 2 or names[0] not in ("capacity", "goodput"):
+            raise ValueError(f"{v!r}: the first objective is capacity or goodput, an optional second one of "
+                             + ", ".join(SEARCH_OBJECTIVES))
+        return v
+
+    @property
+    def objectives(self) -> list[str]:
+        return [self.objective] if isinstance(self.objective, str) else list(self.objective)
+
+
 class Trial(Strict):
     """One engine configuration x one workload point: the unit that is launched, measured and stored."""
 

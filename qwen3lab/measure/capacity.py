@@ -296,45 +296,58 @@ def finished_search(store: Store, trial: Trial) -> dict | None:
     return None if done.empty else done.iloc[0].to_dict()
 
 
-def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
-                   fresh: bool = False, console=None, log: Callable[[str], None] | None = None) -> list[CapacityResult]:
-    """The capacity of every trial of an experiment (or of `only` chapters), with resume; pre-flight first."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class Listener:
+    """What `run_capacities` tells its caller (the CLI's progress bar, printed lines): no presentation here."""
 
-    console = console or Console(stderr=True)
+    def __init__(self, log: Callable[[str], None] | None = None):
+        self.log = log or (lambda text: None)
+
+    def started(self, name: str, count: int) -> None:
+        """Before the first configuration."""
+
+    def resumed(self, result: CapacityResult) -> None:
+        self.log(f"= {_label(result.trial)}: capacity {result.capacity} earlier ({result.search_id}), not measured again")
+
+    def launching(self, trial: Trial) -> None:
+        self.log(f"> {_label(trial)}: starting its server")
+
+    def point(self, trial: Trial, point: Point) -> None:
+        self.log(f"    {_label(trial)} at {point.load:g}: {'pass' if point.passed else 'fail'} ({point.why})")
+
+    def requests_done(self, count: int) -> None:
+        """`count` more measured requests of the running point finished."""
+
+    def finished(self, result: CapacityResult) -> None:
+        self.log(f"{result.status:>10} {_label(result.trial)}: capacity {result.capacity} {result.axis} "
+                 f"in [{result.low}, {result.high}]" + (f" ({result.reason})" if result.reason else ""))
+
+
+def _label(trial: Trial) -> str:
+    return f"{trial.chapter}/{trial.name}"
+
+
+def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
+                   fresh: bool = False, listener: Listener | None = None) -> list[CapacityResult]:
+    """The capacity of every trial of an experiment (or of `only` chapters), with resume; pre-flight first."""
+    listener = listener or Listener()
     planned = executor.plan(path, only)
     planned.raise_errors()
-    exp, trials, machine = planned.experiment, planned.trials, planned.machine
     store = Store(db)
+    listener.started(planned.experiment.name, len(planned.verdicts))
     results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        overall = bar.add_task(f"[bold]{exp.name} capacity", total=len(trials))
-        for trial, verdict in zip(trials, planned.verdicts):
-            label = f"{trial.chapter}/{trial.name}"
-            done = None if fresh else finished_search(store, trial)
-            if done:
-                results.append(_resumed(trial, done, store))
-                bar.console.print(f"[dim]= {label}: capacity {done['capacity']} earlier ({done['search_id']})[/]")
-                bar.advance(overall)
-                continue
-            task = bar.add_task(f"  {label}: starting", total=None)
-
-            def shown(p: Point, t=task, label=label):
-                bar.update(t, description=f"  {label}: point {p.index} at {p.load:g} "
-                           + ("[green]pass[/]" if p.passed else "[red]fail[/]"))
-                bar.console.print(f"    {label} {p.load:g}: {'pass' if p.passed else 'fail'} ({p.why})")
-
-            result = measure_capacity(trial, store, runs_dir, str(path), machine, exp.gpu, on_point=shown,
-                                      progress=lambda n, t=task: bar.advance(t, n), verdict=verdict)
-            bar.remove_task(task)
-            colour = "green" if result.status in SEARCH_DONE else "yellow" if result.status == "skipped" else "red"
-            bar.console.print(f"[{colour}]{result.status:>10}[/] {label}: capacity {result.capacity} "
-                              f"{result.axis} in [{result.low}, {result.high}]"
-                              + (f" ({result.reason})" if result.reason else ""))
-            results.append(result)
-            bar.advance(overall)
+    for verdict in planned.verdicts:
+        trial = verdict.trial
+        done = None if fresh else finished_search(store, trial)
+        if done:
+            results.append(_resumed(trial, done, store))
+            listener.resumed(results[-1])
+            continue
+        listener.launching(trial)
+        result = measure_capacity(trial, store, runs_dir, str(path), planned.machine, planned.experiment.gpu,
+                                  on_point=lambda p, t=trial: listener.point(t, p),
+                                  progress=listener.requests_done, verdict=verdict)
+        listener.finished(result)
+        results.append(result)
     return results
 
 
