@@ -66,7 +66,9 @@ MIGRATIONS: list[str] = [
         run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, value DOUBLE
     );
     """,
-    # 2: capacity searches: each load point is a run linked to its search; one row per search with the result
+    # 2: capacity searches: each load point is a run linked to its search; one row per search with the result;
+    # each run's server start (process start to /health, seconds; for a capacity point, its server's) and
+    # whether torch.compile's cache was warm
     """
     ALTER TABLE runs ADD COLUMN search_id VARCHAR;
     ALTER TABLE runs ADD COLUMN point_index INTEGER;
@@ -74,6 +76,8 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN offered_load DOUBLE;
     ALTER TABLE runs ADD COLUMN attainment DOUBLE;
     ALTER TABLE runs ADD COLUMN point_verdict VARCHAR;
+    ALTER TABLE runs ADD COLUMN start_s DOUBLE;
+    ALTER TABLE runs ADD COLUMN compile_cache VARCHAR;
     CREATE TABLE capacities (
         search_id VARCHAR PRIMARY KEY, trial_key VARCHAR, experiment VARCHAR, chapter VARCHAR, trial VARCHAR,
         config_hash VARCHAR, axis VARCHAR, criterion VARCHAR, min_attainment DOUBLE, tolerance DOUBLE,

@@ -155,3 +155,41 @@ def test_cli_capacity_resumes_and_prints_json(searched):
         assert rows[name]["interval"] == [result.low, result.high]
         assert [p["load"] for p in rows[name]["points"]] == [p.load for p in result.points]
     assert len(store.capacities()) == 2
+
+
+def test_capacity_page_ranks_configurations_by_capacity(searched, monkeypatch):
+    pytest.importorskip("streamlit")
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    _, store, results, _ = searched
+    monkeypatch.setenv("QWEN3LAB_DB", store.path)
+    st.cache_data.clear()
+    at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("views/capacity.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    want = sorted(results.values(), key=lambda r: -r.capacity)
+    assert list(table.trial) == [r.trial.name for r in want]
+    assert list(table.capacity) == [r.capacity for r in want]
+    assert len(at.get("plotly_chart")) >= 1
+
+
+def test_capacity_notebook_resumes_the_stored_searches_and_draws_load_curves(searched, tmp_path, monkeypatch):
+    import nbformat
+    import papermill as pm
+
+    path, store, results, _ = searched
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / "95.out.ipynb"
+    pm.execute_notebook(str(REPO / "notebooks" / "95_capacity.ipynb"), str(out), kernel_name="python3",
+                        cwd=str(REPO), progress_bar=False,
+                        parameters={"experiment": str(path), "db": store.path, "runs_dir": str(tmp_path / "runs"),
+                                    "trials": list(results), "requests_per_point": None})
+    nb = nbformat.read(out, as_version=4)
+    text = "\n".join(str(o.get("data", o.get("text", ""))) for c in nb.cells for o in c.get("outputs", []))
+    assert "application/vnd.plotly.v1+json" in text
+    assert len(store.capacities()) == 2  # resumed: nothing measured again
+    assert not (tmp_path / "runs").exists()

@@ -339,7 +339,7 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
         trial = verdict.trial
         done = None if fresh else finished_search(store, trial)
         if done:
-            results.append(_resumed(trial, done, store))
+            results.append(resumed_result(trial, done, store))
             listener.resumed(results[-1])
             continue
         listener.launching(trial)
@@ -351,7 +351,8 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     return results
 
 
-def _resumed(trial: Trial, row: dict, store: Store) -> CapacityResult:
+def resumed_result(trial: Trial, row: dict, store: Store) -> CapacityResult:
+    """A stored search (a `capacities` row and its points) as the result it was."""
     pts = store.capacity_points([row["search_id"]])
     points = [Point(int(r.point_index), float(r.offered_load), r.run_id, r.status, r.point_verdict == "pass",
                     None if r.attainment != r.attainment else float(r.attainment), "measured earlier",

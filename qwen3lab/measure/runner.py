@@ -195,7 +195,8 @@ def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info
              or (build.vllm_version if build else None),
              "torch_version": build.torch_version if build else None,
              "python_executable": build.python if build else None,
-             "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
+             "vllm_kv_tokens": server.info.get("kv_cache_tokens"), "start_s": server.info.get("start_s"),
+             "compile_cache": server.info.get("compile_cache")}
     store.update_run(run_id, **extra)
     # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
     sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,

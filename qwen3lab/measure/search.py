@@ -106,8 +106,7 @@ def _sampler(search: Search):
         return optuna.samplers.NSGAIISampler(seed=search.seed)
     if search.sampler == "tpe":
         # few startup trials: a search's budget is a handful of launches
-        return optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=3, multivariate=True,
-                                          warn_independent_sampling=False)
+        return optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=3, multivariate=True)
     return optuna.samplers.RandomSampler(seed=search.seed)
 
 
@@ -304,17 +303,31 @@ def _one(exp, search: Search, params: dict, number: int, study_id: str, store: S
     return got
 
 
-def importances(search: Search, history: list[SearchTrial]) -> dict[str, float]:
-    """optuna's parameter importance (fANOVA) over the measured trials; empty with fewer than three."""
+def importances(trials, maximize: bool = True) -> dict[str, float]:
+    """optuna's parameter importance (fANOVA) over a study's stored rows (`store.search_trials`): which
+    flags moved the objective. Empty with fewer than three measured trials or nothing to attribute."""
+    import json
+
     optuna = require("optuna", "pip install optuna")
-    measured = [t for t in history if t.state in MEASURED]
-    if len(measured) < 3 or len(search.objectives) != 1:
+    done = trials[trials.state == "complete"].dropna(subset=["value"]) if not trials.empty else trials
+    if len(done) < 3:
         return {}
-    dists = distributions(search)
-    study = optuna.create_study(direction=SEARCH_OBJECTIVES[search.objectives[0]])
-    for t in measured:
-        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=dists, value=_told(search, t)[0]))
+    params = [json.loads(p) for p in done.params_json]
+    dists = {}
+    for key in params[0]:
+        values = [p.get(key) for p in params]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            if min(values) < max(values):
+                dists[key] = optuna.distributions.FloatDistribution(float(min(values)), float(max(values)))
+        elif len({json.dumps(v) for v in values}) > 1:
+            dists[key] = optuna.distributions.CategoricalDistribution(sorted({v for v in values}, key=str))
+    if not dists:
+        return {}
+    study = optuna.create_study(direction="maximize" if maximize else "minimize")
+    for p, value in zip(params, done.value):
+        study.add_trial(optuna.trial.create_trial(params={k: p[k] for k in dists}, distributions=dists,
+                                                  value=float(value)))
     try:
         return dict(optuna.importance.get_param_importances(study))
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, ZeroDivisionError):
         return {}  # every trial had the same value: nothing to attribute
