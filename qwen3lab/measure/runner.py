@@ -23,7 +23,7 @@ from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
 from qwen3lab.experiment.spec import Trial
-from qwen3lab.store import Store
+from qwen3lab.store import Store, new_run_id
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
 FLUSH_EVERY_S = 2.0
@@ -259,14 +259,19 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
               verdict: preflight.Verdict | None = None) -> TrialResult:
     """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial.
     `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan)."""
-    begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id, verdict)
+    run_id = new_run_id()
+    try:
+        begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id, verdict, run_id=run_id)
+    except KeyboardInterrupt:  # the row may be written already: finish it (a no-op when it is not)
+        store.finish_run(run_id, "interrupted", "stopped by the user (Ctrl-C) before its server started")
+        raise
     if begun.skipped:
         return TrialResult(trial, begun.run_id, "skipped", begun.skipped)
     run_id = begun.run_id
     log_path = Path(runs_dir) / run_id / "server.log"
-    store.update_run(run_id, log_path=str(log_path))
     status, reason, summary, extra = "failed", None, None, {}
     try:
+        store.update_run(run_id, log_path=str(log_path))
         with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server:
             got = measure(server, trial, store, run_id, begun.info, progress)
             status, reason, summary, extra = got.status, got.reason, got.summary, got.extra

@@ -202,10 +202,10 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
     store = Store(db)
     study_id = study_key(exp, search)
     history = [] if fresh else _stored(store, study_id)
-    for t in history:  # a session that was killed left its trial running: it is measured again below
-        if t.state == "running":
+    for t in history:  # a session that was stopped left its trial unfinished: it is measured again below
+        if t.state in ("running", "interrupted"):
             t.state = "interrupted"
-            store.finish_search_trial(study_id, t.number, "interrupted", reason="the search stopped mid-trial")
+            _close_stale(store, study_id, t)
     if fresh and not store.search_trials(study_id).empty:
         study_id += "-" + time.strftime("%Y%m%d%H%M%S")
     directions = [SEARCH_OBJECTIVES[o] for o in search.objectives]
@@ -261,6 +261,21 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
     if result.best is not None:
         result.best_trial = xp.trial_from(exp, search.chapter, result.best.params)
     return result
+
+
+def _close_stale(store: Store, study_id: str, t: SearchTrial) -> None:
+    """A trial a stopped session left unfinished: it, and a run or capacity search of it still `running`, are
+    marked interrupted (a signal can land between a row's insert and the code that would have finished it).
+    Two searches of one study at once are not supported: the second would close the first's rows."""
+    why = "the search stopped mid-trial"
+    store.finish_search_trial(study_id, t.number, "interrupted", reason=why)
+    if t.trial_key:
+        runs = store.runs(status="running")
+        for run_id in runs[runs.trial_key == t.trial_key].run_id if not runs.empty else []:
+            store.finish_run(run_id, "interrupted", why)
+        searches = store.capacities(trial_key=t.trial_key)
+        for search_id in searches[searches.status == "running"].search_id if not searches.empty else []:
+            store.finish_capacity(search_id, "interrupted", why)
 
 
 def _tell(study, asked, search: Search, t: SearchTrial) -> None:
