@@ -240,12 +240,15 @@ def summary_table(result: SweepResult, db: str):
 
     runs = Store(db).runs(experiment=result.experiment)
     t = Table(title=f"sweep {result.experiment}")
-    for col in ("notebook", "status", "seconds", "runs stored (this notebook)", "output"):
+    for col in ("notebook", "status", "seconds", "starting / measuring s", "runs stored (this notebook)", "output"):
         t.add_column(col, overflow="fold")
     for ex in result.executions:
         mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
         counts = mine.status.value_counts().to_dict() if not mine.empty else {}
-        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-",
+        # server starts (process start to /health) against the measured load, over this notebook's runs
+        split = (f"{mine.start_s.sum():.0f} / {mine.duration.sum():.0f}"
+                 if "start_s" in mine and mine.start_s.notna().any() else "-")
+        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-", split,
                   ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
     return t
 
