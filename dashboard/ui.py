@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from qwen3lab.analysis import compare, export, plots, selection
+from qwen3lab.analysis.wording import margin_text, slo_text, verdict_text  # noqa: F401 - pages call ui.slo_text
 from qwen3lab.hardware import planner
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.experiment.spec import SLO
@@ -178,37 +179,11 @@ def slo_from_state(df: pd.DataFrame, run_ids: list[str]) -> SLO:
     return SLO()
 
 
-def slo_text(slo: SLO) -> str:
-    parts = [f"{name} ≤ {v:g} ms" for name, v in (
-        ("P95 TTFT", slo.ttft_p95_ms), ("P95 TPOT", slo.tpot_p95_ms), ("P99 E2EL", slo.e2el_p99_ms),
-        ("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2EL", slo.e2el_ms)) if v is not None]
-    return ", ".join(parts) if parts else "none set (goodput = throughput)"
-
-
 # --- words and numbers ---------------------------------------------------------------------------------
 def num(v, fmt: str = "{:,.1f}", unit: str = "") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     return fmt.format(v) + (f" {unit}" if unit else "")
-
-
-def margin_text(w: compare.Winner) -> str:
-    """'+X req/s (95% CI a..b)' and what it means, in words."""
-    if w.margin is None:
-        return "the only run that meets the SLOs" if w.winner else ""
-    m = w.margin
-    return f"{m.estimate:+.2f} req/s (95% CI {m.low:+.2f} .. {m.high:+.2f})"
-
-
-def verdict_text(w: compare.Winner) -> str:
-    if w.winner is None:
-        return "No run meets the SLOs: loosen them, or measure other configurations."
-    if w.runner_up is None:
-        return "Only one run meets the SLOs."
-    if w.within_noise:
-        return (f"Within noise: {w.winner.label} and {w.runner_up.label} cannot be told apart: the 95% interval of "
-                "the difference holds zero. Either is as good; measure longer or repeat to separate them.")
-    return f"{w.winner.label} is ahead of {w.runner_up.label} beyond noise (the 95% interval excludes zero)."
 
 
 def winner_card(w: compare.Winner, slo: SLO) -> None:

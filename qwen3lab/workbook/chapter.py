@@ -173,8 +173,9 @@ class ChapterRun:
         return df[[c for c in RUN_COLUMNS if c in df]] if not df.empty else df
 
     def ok_runs(self) -> pd.DataFrame:
-        df = self.runs()
-        return df[df.status == "ok"].reset_index(drop=True) if not df.empty else df
+        """The standing runs that are ok: the ones with figures."""
+        return selection.measured(self.store.runs(experiment=self.experiment.name, chapter=self.name),
+                                  [t.key for t in self.trials])
 
     @property
     def labels(self) -> dict[str, str]:

@@ -2,14 +2,13 @@
 and each knob's effect against its baseline."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from qwen3lab.analysis import selection
+from qwen3lab.analysis import selection, wording
 from qwen3lab.experiment import files as xp
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
@@ -38,17 +37,14 @@ class Report:
         w = self.winner
         if self.runs.empty:
             return Markdown("No runs of this experiment in this database yet: run the chapters first.")
+        slo = wording.slo_text(SLO(**self.experiment.slo))
         if w is None or w.winner is None:
-            return Markdown("**No winner**: no ok run meets every SLO of the experiment "
-                            f"({json.dumps(self.experiment.slo)}). Relax the SLO or look at the ranking below.")
+            return Markdown(f"**No winner** under the SLOs ({slo}). No ok run meets every one: relax them, "
+                            "measure other configurations, or look at the ranking below.")
         row = self.runs[self.runs.run_id == w.winner.run_id].iloc[0]
-        margin = ""
-        if w.margin is not None and w.runner_up is not None:
-            margin = (f" Margin over `{w.runner_up.label}`: {w.margin.estimate:+.3f} req/s goodput "
-                      f"(95% interval {w.margin.low:+.3f} to {w.margin.high:+.3f})"
-                      + (", **within noise**." if w.within_noise else "."))
-        return Markdown(f"**Winner under the SLOs** ({json.dumps(self.experiment.slo)}): `{w.winner.label}`."
-                        f"{margin}\n\nLaunch command:\n\n```\n{row.launch_command}\n```")
+        margin = f" Margin over `{w.runner_up.label}`: {wording.margin_text(w)} goodput." if w.runner_up else ""
+        return Markdown(f"**Winner under the SLOs** ({slo}): `{w.winner.label}`.{margin} {wording.verdict_text(w)}"
+                        f"\n\nLaunch command:\n\n```\n{row.launch_command}\n```")
 
 
 def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report:
@@ -65,7 +61,7 @@ def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report
         order = {c: i for i, c in enumerate(exp.all_chapters())}
         runs = runs.sort_values(["chapter", "trial"], key=lambda s: s.map(order) if s.name == "chapter" else s)
         runs = runs.reset_index(drop=True)
-    ok_ids = list(runs[runs.status == "ok"].run_id) if not runs.empty else []
+    ok_ids = list(runs[runs.status.isin(selection.MEASURED)].run_id) if not runs.empty else []
     data = compare.load_runs(store, ok_ids) if ok_ids else []
     winner = compare.pick_winner(data, slo, n_boot=n_boot) if data else None
     claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok_ids else pd.DataFrame()
