@@ -101,3 +101,23 @@ def test_sigterm_mid_search_then_resume_reruns_nothing_finished(tmp_path):
     assert [h["state"] for h in result["history"]].count("complete") == 2
     assert result["best"]["value"] == max(h["value"] for h in result["history"] if h["state"] == "complete")
     assert result["best"]["launch_command"] and "--max-num-seqs" in result["best"]["launch_command"]
+
+
+def test_capacity_page_shows_a_search_history_with_its_pruned_points(tmp_path, monkeypatch):
+    pytest.importorskip("streamlit")
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    path = _experiment(tmp_path, {"engine.max_model_len": [65536, 131072]})
+    store = Store(tmp_path / "s.duckdb")
+    se.run_search(path, store.path, str(tmp_path / "runs"))
+    store.begin_run(trial="placeholder", status="skipped")  # the dashboard lists runs first; a search-only DB has none
+    monkeypatch.setenv("QWEN3LAB_DB", store.path)
+    st.cache_data.clear()
+    at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("views/capacity.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "2 pruned" in "\n".join(c.value for c in at.caption)
+    assert len(at.get("plotly_chart")) == 1  # the history; no importance without three measured trials
