@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from qwen3lab.analysis import selection
 from qwen3lab.errors import SpecError, SpecErrors, require
 from qwen3lab.experiment import files as xp
 from qwen3lab.experiment import preflight
@@ -145,7 +146,9 @@ def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path
     out = SearchTrial(-1, {}, "failed", trial_key=trial.key)
     second = search.objectives[1] if len(search.objectives) == 2 else None
     if search.objectives[0] == "capacity":
-        got = cap.measure_capacity(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict)
+        done = cap.finished_search(store, trial)  # measured already (qwen3lab capacity, another study): reused
+        got = cap.resumed_result(trial, done, store) if done else \
+            cap.measure_capacity(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict)
         out.search_id = got.search_id
         if got.status in cap.SEARCH_DONE:
             out.state, out.value, out.low, out.high = "complete", got.capacity, got.low, got.high
@@ -157,12 +160,20 @@ def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path
             out.state = "interrupted"
         out.reason = got.reason
     else:
-        got = runner.run_trial(trial, store, runs_dir, experiment_path=path, machine=machine, gpu_id=gpu_id,
-                               verdict=verdict, progress=progress)
-        out.run_id, out.reason = got.run_id, got.reason
-        if got.status == "ok":
-            out.state, out.value = "complete", (got.summary or {}).get("request_goodput", 0.0)
-            out.value2 = (got.summary or {}).get(second) if second else None
+        done = selection.previous_run(store, trial.key, retry_failed=True, runnable_here=True)
+        if done:  # measured already (qwen3lab run, another study): its stored summary answers
+            row = store.run(done[0])
+            run_id, status, reason, summary = done[0], done[1], row.get("reason"), row.get("summary") or {}
+        else:
+            got = runner.run_trial(trial, store, runs_dir, experiment_path=path, machine=machine, gpu_id=gpu_id,
+                                   verdict=verdict, progress=progress)
+            run_id, status, reason, summary = got.run_id, got.status, got.reason, got.summary or {}
+        out.run_id, out.reason = run_id, reason
+        if status == "ok":
+            out.state, out.value = "complete", summary.get("request_goodput", 0.0)
+            out.value2 = summary.get(second) if second else None
+        elif status == "interrupted":
+            out.state = "interrupted"
     out.wall_s = time.monotonic() - t0
     return out
 
