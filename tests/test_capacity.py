@@ -58,6 +58,30 @@ def test_point_workload_opens_the_other_axis_and_gives_each_point_its_own_seed()
     assert cap.point_workload(base, base.capacity, 4.0, 1, fresh_seed=False).seed == base.seed
 
 
+def _record(i: int, ttft: float | None, error: str | None = None):
+    from qwen3lab.measure.loadgen import RequestRecord
+
+    return RequestRecord(i, "q", 64, 16, False, False, ttft=ttft, e2el=None if ttft is None else ttft + 0.3,
+                         chunk_times=[] if ttft is None else [ttft] * 16, output_tokens=16, error=error)
+
+
+def test_a_point_fails_early_once_too_many_requests_missed_and_on_an_open_loop_queue():
+    from qwen3lab.experiment.spec import SLO
+
+    spec = Capacity(axis="request_rate", min_attainment=0.9, saturation_waiting=10)
+    judge = cap.PointJudge(spec, SLO(ttft_ms=100), planned=20)  # 2 misses of 20 allowed
+    records = [_record(0, 0.05), _record(1, 0.5), _record(2, None, "HTTP 500"), _record(3, 0.05), _record(4, 0.2)]
+    for i, rec in enumerate(records):
+        judge.add(rec)
+        assert judge.stop([]) == (i == 4)  # the third miss decides it: failures count as misses
+    assert "3 of 20" in judge.early
+    queue = cap.PointJudge(spec, SLO(ttft_ms=100), planned=20)
+    assert not queue.stop([(0.0, "vllm", "vllm:num_requests_waiting", 9.0)])
+    assert queue.stop([(1.0, "vllm", "vllm:num_requests_waiting", 12.0)]) and "saturated" in queue.early
+    closed = cap.PointJudge(spec.model_copy(update={"axis": "concurrency"}), SLO(ttft_ms=100), planned=20)
+    assert not closed.stop([(1.0, "vllm", "vllm:num_requests_waiting", 12.0)])  # bounded by the cap
+
+
 def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"name": "bad", "engine": TINY, "workload": {"capacity": {"axis": "qps"}},

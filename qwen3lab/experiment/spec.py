@@ -310,8 +310,8 @@ class Capacity(Strict):
     requests_per_point: int | None = Field(None, ge=4, description="Measured requests per point (default: num_requests).")
     warmup_per_point: int = Field(2, ge=0, description="Unmeasured requests sent before each point.")
     saturation_waiting: int | None = Field(
-        None, ge=1, description="End a point as failed (saturated) once vLLM's waiting queue holds this many "
-        "requests: the server is not keeping up (default: half the point's requests).")
+        None, ge=1, description="request_rate axis: end a point as failed (saturated) once vLLM's waiting queue "
+        "holds this many requests: the server is not keeping up (default: half the point's requests).")
 
 
 class Workload(Strict):

@@ -149,8 +149,9 @@ class PointJudge:
             return True
         if self.spec.criterion == "attainment" and self.seen - self.good > self.allowed_misses:
             self.early = f"failed early: {self.seen - self.good} of {self.planned} requests missed the SLOs"
+        # Open loop only: with a concurrency cap the queue is bounded by it and shows up in TTFT instead.
         waiting = [v for _, _, name, v in samples[-32:] if name == "vllm:num_requests_waiting"]
-        if waiting and waiting[-1] >= self.saturation:
+        if self.spec.axis == "request_rate" and waiting and waiting[-1] >= self.saturation:
             self.early = f"saturated: {int(waiting[-1])} requests waiting in vLLM's queue"
         return self.early is not None
 
