@@ -97,7 +97,8 @@ def test_sigterm_mid_search_then_resume_reruns_nothing_finished(tmp_path):
     runs = store.runs()
     measured = runs[runs.status == "ok"]
     assert measured.trial_key.value_counts().max() == 1  # nothing finished was measured twice
-    assert len(measured) == 2 and set(runs.status) == {"ok", "interrupted"}
+    # The signal lands before or after the interrupted trial's run row is written: either way none is left running.
+    assert len(measured) == 2 and set(runs.status) <= {"ok", "interrupted"}
     assert [h["state"] for h in result["history"]].count("complete") == 2
     assert result["best"]["value"] == max(h["value"] for h in result["history"] if h["state"] == "complete")
     assert result["best"]["launch_command"] and "--max-num-seqs" in result["best"]["launch_command"]
