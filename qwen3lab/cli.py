@@ -21,6 +21,9 @@ err = Console(stderr=True)
 DB = typer.Option(DEFAULT_DB, "--db", help="DuckDB file holding runs, requests and samples.")
 DRY_RUN = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing.")
 RETRY_FAILED = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed.")
+EXECUTOR = typer.Option("local", "--executor", help="local: one trial at a time here; ray: each trial a Ray task on a cluster.")
+ADDRESS = typer.Option(None, "--address", help="With --executor ray: auto (a cluster started with ray start), "
+                       "ray://HOST:10001 or HOST:PORT; unset = a one-node Ray here.")
 
 
 def _fail(exc: Exception) -> None:
@@ -42,21 +45,35 @@ def run(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
+    executor_kind: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
     from qwen3lab import terminal
     from qwen3lab.measure import executor
     from qwen3lab.store import Store
 
+    if executor_kind not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
+    if address and executor_kind != "ray":
+        _fail(Qwen3LabError("--address needs --executor ray"))
     try:
-        planned = executor.plan(experiment, only, for_written_gpu=dry_run)
+        on_ray = executor_kind == "ray"
+        # On a cluster the trials are judged for the GPU the experiment names; each node judges its own again.
+        planned = executor.plan(experiment, only, for_written_gpu=dry_run or on_ray)
         if dry_run:
             terminal.print_dry_run(planned, console)
             planned.raise_errors()
             return
         planned.raise_errors()
         with terminal.TrialProgress(console) as progress:
-            results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
+            if on_ray:
+                from qwen3lab.measure import ray_executor
+
+                results = ray_executor.execute(planned, Store(db), address, runs_dir, retry_failed, fresh,
+                                               listener=progress)
+            else:
+                results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
     console.print(terminal.results_table(results, db))
@@ -71,20 +88,38 @@ def sweep(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     param: Optional[list[str]] = typer.Option(None, "-p", "--param", help="Notebook parameter NAME=VALUE, e.g. -p num_requests=8."),
+    executor_kind: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
-    """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
+    """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes.
+
+    With --executor ray every trial is measured on the cluster first, in parallel; the notebooks then find
+    them stored (resume) and analyse them."""
     from qwen3lab import sweep as sw
     from qwen3lab import terminal
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
+    params = sw.parse_params(param)
+    if executor_kind not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
+    small = sorted(set(params) & {"num_requests", "warmup_requests", "duration_s"})
+    if executor_kind == "ray" and small:
+        _fail(Qwen3LabError(f"-p {', '.join(small)} changes the trials the notebooks run, so the cluster's "
+                            "runs would not stand for them: drop it, or sweep without --executor ray"))
     try:
         if dry_run:
             result = sw.dry_run(experiment, chapters)
             terminal.print_dry_run(result.planned, console)
         else:
+            if executor_kind == "ray":
+                from qwen3lab.measure import executor, ray_executor
+                from qwen3lab.store import Store
+
+                with terminal.TrialProgress(console) as progress:
+                    ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
+                                         address, runs_dir, retry_failed, listener=progress)
             with terminal.SweepProgress(console) as progress:
-                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
-                                  listener=progress)
+                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)
@@ -267,6 +302,31 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
         console.print(terminal.probe_table(found))
+
+
+@app.command()
+def k8s(
+    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
+    image: str = typer.Option(..., "--image", help="Container image with qwen3lab, vLLM and Ray installed (the same on every pod)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per worker pod (default: the most one trial needs)."),
+    nodes: int = typer.Option(1, "--nodes", help="Worker pods."),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace of every object."),
+    storage: str = typer.Option("50Gi", "--storage", help="Size of the volume holding the DuckDB and server logs."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the manifest here (default: print it)."),
+):
+    """KubeRay manifests (RayCluster + RayJob, the experiment in a ConfigMap, a volume for the DuckDB) that run it."""
+    from qwen3lab import kuberay
+
+    shape = kuberay.Shape(image=image, nodes=nodes, gpus_per_node=gpus_per_node, storage=storage, namespace=namespace)
+    try:
+        text = kuberay.manifest_text(experiment, shape)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if out:
+        out.write_text(text)
+        err.print(f"wrote {out}: kubectl apply -f {out}")
+    else:
+        sys.stdout.write(text)
 
 
 if __name__ == "__main__":  # python -m qwen3lab.cli

@@ -211,7 +211,7 @@ class Store:
             return
         import pyarrow as pa
 
-        rows = [r if isinstance(r, dict) else _record_row(r) for r in records]
+        rows = [r if isinstance(r, dict) else record_row(r) for r in records]
         table = pa.table({c: [row.get(c, run_id) if c == "run_id" else row.get(c) for row in rows]
                           for c in REQUEST_COLUMNS},
                          schema=_request_schema())
@@ -386,7 +386,7 @@ def _sql_value(v: Any) -> Any:
     return v
 
 
-def _record_row(r: Any) -> dict[str, Any]:
+def record_row(r: Any) -> dict[str, Any]:
     return {
         "idx": r.index, "request_class": r.request_class, "warmup": r.warmup, "shared_prefix": r.shared_prefix,
         "prompt_tokens_target": r.prompt_tokens_target, "output_tokens_target": r.output_tokens_target,

@@ -123,10 +123,12 @@ class TrialProgress(Listener):
 
     def __init__(self, console):
         self.console = console
+        # Redrawn once a second (rich's default is 10): the redraw shares the GIL and the CPU with the load.
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=False)
+                            console=console, transient=False, refresh_per_second=1)
         super().__init__(log=self.bar.console.print)
-        self.overall = self.task = None
+        self.overall = None
+        self.tasks: dict[str, int] = {}  # a bar per running trial (the Ray executor runs several at once)
 
     def __enter__(self):
         self.bar.__enter__()
@@ -148,14 +150,15 @@ class TrialProgress(Listener):
 
     def launching(self, trial, verdict) -> None:
         w = trial.workload
-        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
-                                      total=w.num_requests if not w.duration_s else None)
+        self.tasks[trial.key] = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
+                                                  total=w.num_requests if not w.duration_s else None)
 
     def requests_done(self, trial, count) -> None:
-        self.bar.advance(self.task, count)
+        self.bar.advance(self.tasks[trial.key], count)
 
     def finished(self, result) -> None:
-        self.bar.remove_task(self.task)
+        if (task := self.tasks.pop(result.trial.key, None)) is not None:
+            self.bar.remove_task(task)
         colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
         self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
                  + (f": {result.reason}" if result.reason else ""))

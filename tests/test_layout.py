@@ -12,10 +12,11 @@ LAYERS = [
     ["experiment.files", "analysis.metrics", "analysis.selection", "measure.workload", "measure.telemetry",
      "measure.engine"],
     ["hardware.planner", "experiment.preflight", "hardware.calibrate"],
-    ["measure.loadgen", "measure.runner", "measure.executor", "measure.capacity", "measure.search"],
+    ["measure.loadgen", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
+     "measure.ray_search", "measure.capacity", "measure.search"],
     ["analysis.compare", "analysis.export", "analysis.importers", "analysis.plots", "analysis.wording"],
-    ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep", "dashboard_launch",
-     "cli", "__main__"],
+    ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
+     "dashboard_launch", "cli", "__main__", "kuberay"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
 MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "workbook", "workbook.chapter",

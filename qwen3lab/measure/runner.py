@@ -2,14 +2,16 @@
 
 The run row is written before the server starts (status running) and finished after: ok, failed (did not
 start), oom, timeout (no /health), crashed (died during the load), skipped (cannot run here), or
-interrupted (Ctrl-C). Finished requests are flushed to the store while the load runs.
+interrupted (Ctrl-C). Finished requests are stored right after the load (every FLUSH_EVERY_S during a long
+one), also when it ends in an error or Ctrl-C: nothing is stored, scraped or drawn on the loop that times the
+streams (issue 16; bench/fidelity_bench.py measures it).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +28,10 @@ from qwen3lab.experiment.spec import Trial
 from qwen3lab.store import Store, new_run_id
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
-FLUSH_EVERY_S = 2.0
+# Progress is shown every second; requests are written to DuckDB during a load only every 30 s (long loads,
+# soaks), since each write stalls the client that times the streams (see _Flusher).
+PROGRESS_EVERY_S = 1.0
+FLUSH_EVERY_S = 30.0
 
 
 @dataclass
@@ -57,32 +62,47 @@ def git_commit(path: str | None) -> str | None:
 
 
 class _Flusher:
-    """Collects finished records from the event loop and writes them from a thread every few seconds."""
+    """Takes finished records from the event loop (an append, nothing else) and stores them from a thread.
+
+    The loop that timestamps streams must not wait for anything: a DuckDB write (a connection, Arrow tables,
+    DuckDB's own threads) or a progress bar holds the GIL and the CPU the server needs. So the thread advances
+    the progress bar every PROGRESS_EVERY_S and writes to DuckDB only every FLUSH_EVERY_S (a load of a few
+    hundred requests is stored once, right after it); leaving the `with` stores the rest, also after an error
+    or Ctrl-C. Records are never swapped out: a failed write leaves them for the next one.
+    """
 
     def __init__(self, store: Store, run_id: str, progress: Callable[[int], None] | None):
         self.store, self.run_id, self.progress = store, run_id, progress
-        self.pending: list[RequestRecord] = []
-        self.written = 0
+        self.records: list[RequestRecord] = []  # only ever appended to, by the loop
+        self.written = 0  # records[:written] are in the store
+        self.shown = 0  # records[:shown] were counted on the progress bar
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-flush")
 
     def add(self, rec: RequestRecord) -> None:
-        with self.lock:
-            self.pending.append(rec)
-        if self.progress and not rec.warmup:
-            self.progress(1)
+        self.records.append(rec)  # list.append is atomic under the GIL: no lock on the loop
+
+    def show(self) -> None:
+        upto = len(self.records)
+        if self.progress and upto > self.shown:
+            self.progress(sum(not r.warmup for r in self.records[self.shown:upto]))
+        self.shown = upto
 
     def flush(self) -> None:
-        with self.lock:
-            batch, self.pending = self.pending, []
-        if batch:
-            self.store.add_requests(self.run_id, batch)
-            self.written += len(batch)
+        with self.lock:  # the thread's periodic write and the caller's last one
+            upto = len(self.records)
+            if upto > self.written:
+                self.store.add_requests(self.run_id, self.records[self.written:upto])
+                self.written = upto
 
     def _loop(self) -> None:
-        while not self.stop.wait(FLUSH_EVERY_S):
-            self.flush()
+        last_flush = time.monotonic()
+        while not self.stop.wait(PROGRESS_EVERY_S):
+            self.show()
+            if time.monotonic() - last_flush >= FLUSH_EVERY_S:
+                self.flush()
+                last_flush = time.monotonic()
 
     def __enter__(self):
         self.thread.start()
@@ -91,6 +111,7 @@ class _Flusher:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join()
+        self.show()
         self.flush()
 
 
@@ -113,20 +134,13 @@ def _chat_template_tokens(server: engine.Server, trial: Trial) -> int:
 
 
 async def _measure(server: engine.Server, requests, trial: Trial, on_done,
-                   stop_when: Callable[[list], bool] | None = None) -> tuple[LoadResult, list]:
-    scraper = MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers)
-    stop = asyncio.Event()
-    task = asyncio.create_task(scraper.run(stop))
+                   stop_when: Callable[[list], bool] | None = None,
+                   samples: Callable[[], list] = list) -> LoadResult:
     # stop_when sees the /metrics samples so far: a capacity point ends once its verdict is decided
     should_stop = (lambda: not server.alive()) if stop_when is None else \
-        (lambda: not server.alive() or stop_when(scraper.samples))
-    try:
-        result = await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
-                                headers=server.headers, should_stop=should_stop)
-    finally:
-        stop.set()
-        await task
-    return result, scraper.samples
+        (lambda: not server.alive() or stop_when(samples()))
+    return await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
+                          headers=server.headers, should_stop=should_stop)
 
 
 def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | None, machine: dict) -> dict:
@@ -215,7 +229,11 @@ def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
-            result, scraped = run_sync(_measure(server, requests, trial, done, stop_when))
+            # /metrics is scraped by a child process, never on the load's loop (see telemetry.MetricsScraper);
+            # its samples reach this process at the end, so a point's saturation check sees none during the load.
+            with MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers) as scraper:
+                result = run_sync(_measure(server, requests, trial, done, stop_when, lambda: scraper.samples))
+            scraped = scraper.samples
             sampler.stop()
             flusher.flush()
     finally:
@@ -224,13 +242,18 @@ def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info
             extra["info_json"] = {**info, "gpu_telemetry": sampler.why_not}
     # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
     summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
-    summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
-                "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
+    client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
+    summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
+                "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
+    if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)
+        lag_ms = sorted(1000 * x for x in result.loop_lag_s)
+        summary |= {"client_loop_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))],
+                    "client_loop_lag_max_ms": lag_ms[-1]}
     summary |= sampler.summary() if sampler.samples else {}
     samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
     samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
     store.add_samples(run_id, samples)
-    extra |= {"client_cpu_s": result.client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+    extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
     if not server.alive():
         status, reason = server.death()
     elif summary["completed"] == 0:
