@@ -131,6 +131,60 @@ SLO_OPT = typer.Option(None, "--slo", help="An SLO NAME=VALUE over the stored on
 
 
 @app.command()
+def capacity(
+    experiment: Path = typer.Argument(..., help="Experiment YAML; each workload may set capacity: {axis, min_attainment, ...}."),
+    db: str = DB,
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Only these chapters (repeatable or comma-separated)."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where server logs are kept."),
+    fresh: bool = typer.Option(False, "--fresh", help="Measure again configurations whose capacity is stored."),
+    as_json: bool = typer.Option(False, "--json", help="Print per trial: axis, capacity, interval, points measured."),
+):
+    """Capacity of each trial: one server per configuration, load doubled to the first SLO failure, then bisected."""
+    from qwen3lab import terminal
+    from qwen3lab.measure import capacity as cap
+
+    chapters = [c for item in only or [] for c in item.split(",") if c] or None
+    try:
+        with terminal.CapacityProgress(err) as listener:
+            results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_dict() for r in results], indent=2, default=str) + "\n")
+    else:
+        console.print(terminal.capacity_table(results))
+
+
+@app.command()
+def search(
+    experiment: Path = typer.Argument(..., help="Experiment YAML with a search: {space, objective, budget, sampler}."),
+    db: str = DB,
+    budget_trials: Optional[int] = typer.Option(None, "--budget-trials", help="Most configurations measured in all (resumed ones count)."),
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Start no new configuration after this many seconds."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where server logs are kept."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start a new study instead of resuming the stored one."),
+    as_json: bool = typer.Option(False, "--json", help="Print the best configuration, its objective with interval, the history."),
+):
+    """Adaptive search over launch flags (optuna): pre-flight prunes infeasible points, resumes from the DB."""
+    import signal
+
+    from qwen3lab import terminal
+    from qwen3lab.measure import search as se
+
+    # SIGTERM stops like Ctrl-C: the running server is torn down and the trial stored as interrupted.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with terminal.SearchProgress(err) as listener:
+            result = se.run_search(str(experiment), db, str(runs_dir), budget_trials, budget_s, fresh, listener)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
+    else:
+        console.print(terminal.search_table(result))
+
+
+@app.command()
 def runs(
     db: str = DB,
     experiment: Optional[str] = typer.Option(None, help="Only this experiment."),
@@ -239,7 +293,7 @@ def show(run_id: str, db: str = DB):
 
 
 @app.command()
-def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment or chapter.")):
+def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment, chapter, capacity, search or range.")):
     """Every field of an experiment file, with its description."""
     from qwen3lab import terminal
 

@@ -74,6 +74,35 @@ MIGRATIONS: list[str] = [
     """,
     # 3: which server of a split topology answered each request (the router's x-qwen3lab-route header)
     "ALTER TABLE requests ADD COLUMN route VARCHAR;",
+    # 4: capacity searches: each load point is a run linked to its search; one row per search with the result;
+    # each run's server start (process start to /health, seconds; for a capacity point, its server's) and
+    # whether torch.compile's cache was warm
+    """
+    ALTER TABLE runs ADD COLUMN search_id VARCHAR;
+    ALTER TABLE runs ADD COLUMN point_index INTEGER;
+    ALTER TABLE runs ADD COLUMN load_axis VARCHAR;
+    ALTER TABLE runs ADD COLUMN offered_load DOUBLE;
+    ALTER TABLE runs ADD COLUMN attainment DOUBLE;
+    ALTER TABLE runs ADD COLUMN point_verdict VARCHAR;
+    ALTER TABLE runs ADD COLUMN start_s DOUBLE;
+    ALTER TABLE runs ADD COLUMN compile_cache VARCHAR;
+    CREATE TABLE capacities (
+        search_id VARCHAR PRIMARY KEY, trial_key VARCHAR, experiment VARCHAR, chapter VARCHAR, trial VARCHAR,
+        config_hash VARCHAR, axis VARCHAR, criterion VARCHAR, min_attainment DOUBLE, tolerance DOUBLE,
+        status VARCHAR NOT NULL, reason VARCHAR, capacity DOUBLE, low DOUBLE, high DOUBLE, points INTEGER,
+        server_starts INTEGER, start_s DOUBLE, measure_s DOUBLE, started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ,
+        spec_json VARCHAR
+    );
+    """,
+    # 5: adaptive searches over launch flags: one row per suggested configuration, pruned and failed ones too
+    """
+    CREATE TABLE search_trials (
+        study VARCHAR NOT NULL, number INTEGER NOT NULL, experiment VARCHAR, trial_key VARCHAR, trial VARCHAR,
+        params_json VARCHAR, state VARCHAR NOT NULL, value DOUBLE, value2 DOUBLE, low DOUBLE, high DOUBLE,
+        reason VARCHAR, run_id VARCHAR, search_id VARCHAR, config_hash VARCHAR, wall_s DOUBLE,
+        started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
@@ -284,6 +313,74 @@ class Store:
         return self._query("SELECT run_id, trial_key, status, reason, started_at FROM runs WHERE trial_key = ? "
                            "ORDER BY started_at",
                            [trial_key])
+
+    # --- capacity searches ----------------------------------------------------------------------------
+    def begin_capacity(self, **fields: Any) -> str:
+        """Insert a capacity search's row (status running) before its server starts; returns its id."""
+        search_id = fields.pop("search_id", None) or "cap-" + new_run_id()
+        fields |= {"status": "running", "started_at": now()}
+        cols = ["search_id", *fields]
+        with self.connect() as con:
+            con.execute(f"INSERT INTO capacities ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [search_id, *(_sql_value(v) for v in fields.values())])
+        return search_id
+
+    def finish_capacity(self, search_id: str, status: str, reason: str | None = None, **fields: Any) -> None:
+        fields |= {"status": status, "reason": reason, "ended_at": now()}
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.connect() as con:
+            con.execute(f"UPDATE capacities SET {sets} WHERE search_id = ?",
+                        [*(_sql_value(v) for v in fields.values()), search_id])
+
+    def capacities(self, experiment: str | None = None, trial_key: str | None = None):
+        """Capacity searches, newest first (empty when none were run)."""
+        import pandas as pd
+
+        where, params = [], []
+        for col, val in (("experiment", experiment), ("trial_key", trial_key)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        df = self._query(f"SELECT * FROM capacities {'WHERE ' + ' AND '.join(where) if where else ''} "
+                         "ORDER BY started_at DESC", params)
+        return df if df is not None else pd.DataFrame()
+
+    def capacity_points(self, search_ids: Sequence[str]):
+        """The load points (runs) of capacity searches, in the order they were measured."""
+        import pandas as pd
+
+        df = self._query("SELECT * EXCLUDE (summary_json, info_json, config_json, workload_json, exec_argv_json) "
+                         "FROM runs WHERE search_id IN (SELECT unnest(?)) ORDER BY search_id, point_index",
+                         [list(search_ids)])
+        return df if df is not None else pd.DataFrame()
+
+    # --- adaptive searches ------------------------------------------------------------------------------
+    def add_search_trial(self, **fields: Any) -> None:
+        fields.setdefault("started_at", now())
+        cols = list(fields)
+        with self.connect() as con:
+            con.execute(f"INSERT INTO search_trials ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [_sql_value(v) for v in fields.values()])
+
+    def finish_search_trial(self, study: str, number: int, state: str, **fields: Any) -> None:
+        fields |= {"state": state, "ended_at": now()}
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.connect() as con:
+            con.execute(f"UPDATE search_trials SET {sets} WHERE study = ? AND number = ?",
+                        [*(_sql_value(v) for v in fields.values()), study, number])
+
+    def search_trials(self, study: str | None = None, experiment: str | None = None):
+        """A search's suggestions in the order they were made (empty when none)."""
+        import pandas as pd
+
+        where, params = [], []
+        for col, val in (("study", study), ("experiment", experiment)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(val)
+        df = self._query(f"SELECT * FROM search_trials {'WHERE ' + ' AND '.join(where) if where else ''} "
+                         "ORDER BY study, number", params)
+        return df if df is not None else pd.DataFrame()
 
     def experiments(self) -> list[str]:
         df = self._query("SELECT DISTINCT experiment FROM runs WHERE experiment IS NOT NULL ORDER BY 1")

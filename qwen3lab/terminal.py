@@ -1,5 +1,9 @@
 """Everything the CLI prints (rich): run results, stored runs, dry-run verdicts, the progress of a run, the schema,
-and the hardware commands' tables (plan, calibrate, probe). Presentation only: executions never import it."""
+and the hardware commands' tables (plan, calibrate, probe), capacity and search. Presentation only: executions
+never import it.
+
+Lines: a little over 450 because this is the one home of every terminal table (one concept: what the CLI
+prints); split it by command family if it grows further."""
 from __future__ import annotations
 
 import math
@@ -9,7 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
+from qwen3lab.measure.capacity import Listener as CapacityListener
 from qwen3lab.measure.executor import Listener, repeat_label
+from qwen3lab.measure.search import Listener as SearchListener
 from qwen3lab.sweep import SweepListener
 
 
@@ -190,10 +196,10 @@ class TrialProgress(Listener):
 
 def schema_table(section: str) -> Table:
     from qwen3lab.experiment.files import Chapter, Experiment
-    from qwen3lab.experiment.spec import SLO, EndpointConfig, EngineConfig, Workload
+    from qwen3lab.experiment.spec import SLO, Capacity, EndpointConfig, EngineConfig, Range, Search, Workload
 
     models = {"engine": EngineConfig, "endpoint": EndpointConfig, "workload": Workload, "slo": SLO,
-              "experiment": Experiment, "chapter": Chapter}
+              "experiment": Experiment, "chapter": Chapter, "capacity": Capacity, "search": Search, "range": Range}
     if section not in models:
         raise SpecError("section", section, ", ".join(models), "pick one of those")
     model = models[section]
@@ -248,13 +254,111 @@ def sweep_table(result, db: str) -> Table:
 
     runs = Store(db).runs(experiment=result.experiment)
     t = Table(title=f"sweep {result.experiment}")
-    for col in ("notebook", "status", "seconds", "runs stored (this notebook)", "output"):
+    for col in ("notebook", "status", "seconds", "starting / measuring s", "runs stored (this notebook)", "output"):
         t.add_column(col, overflow="fold")
     for ex in result.executions:
         mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
         counts = mine.status.value_counts().to_dict() if not mine.empty else {}
-        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-",
+        # server starts (process start to /health) against the measured load, over this notebook's runs
+        split = (f"{mine.start_s.sum():.0f} / {mine.duration.sum():.0f}"
+                 if "start_s" in mine and mine.start_s.notna().any() else "-")
+        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-", split,
                   ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
+    return t
+
+
+# --- capacity and search: `qwen3lab capacity`, `qwen3lab search` ------------------------------------------
+def capacity_table(results) -> Table:
+    """One row per configuration: capacity, its bracket, and the points measured (load: pass/fail)."""
+    t = Table(title="Capacity under the SLOs (largest passing load; bracket = last pass, first fail)",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("trial", "status", "axis", "capacity", "bracket", "points", "start s", "search"):
+        t.add_column(name, overflow="fold", justify="right" if name in ("capacity", "start s") else "left")
+    for r in results:
+        points = " ".join(f"{p.load:g}{'+' if p.passed else '-'}" for p in r.points)
+        t.add_row(f"{r.trial.chapter}/{r.trial.name}", r.status, r.axis, _num(r.capacity, "{:g}"),
+                  f"[{_num(r.low, '{:g}')}, {_num(r.high, '{:g}')}]", points or "-", _num(r.start_s, "{:.0f}"),
+                  r.search_id)
+    return t
+
+
+class _Bar:
+    """A rich progress bar as a context manager, for the listeners below."""
+
+    def __init__(self, console):
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False)
+        self.overall = self.task = None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+
+class CapacityProgress(_Bar, CapacityListener):
+    """capacity.run_capacities as a bar per experiment and one per configuration's points."""
+
+    def __init__(self, console):
+        _Bar.__init__(self, console)
+        CapacityListener.__init__(self, log=self.bar.console.print)
+
+    def started(self, name, count):
+        self.overall = self.bar.add_task(f"[bold]{name} capacity", total=count)
+
+    def resumed(self, result):
+        super().resumed(result)
+        self.bar.advance(self.overall)
+
+    def launching(self, trial):
+        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}: starting the server", total=None)
+
+    def point(self, trial, point):
+        super().point(trial, point)
+        self.bar.update(self.task, description=f"  {trial.chapter}/{trial.name}: {point.index + 1} points, "
+                        f"last {point.load:g} {'pass' if point.passed else 'fail'}")
+
+    def requests_done(self, count):
+        if self.task is not None:
+            self.bar.advance(self.task, count)
+
+    def finished(self, result):
+        self.bar.remove_task(self.task)
+        super().finished(result)
+        self.bar.advance(self.overall)
+
+
+class SearchProgress(_Bar, SearchListener):
+    """search.run_search as one line per suggestion and a bar of the configuration being measured."""
+
+    def __init__(self, console):
+        _Bar.__init__(self, console)
+        SearchListener.__init__(self, log=self.bar.console.print)
+        self.task = self.bar.add_task("search: first configuration", total=None)
+
+    def trial_done(self, t, best, budget_used):
+        super().trial_done(t, best, budget_used)
+        self.bar.update(self.task, completed=0, description=f"search: {budget_used} measured, best so far "
+                        + (f"{best.value:g} ({best.params})" if best else "none"))
+
+    def requests_done(self, n):
+        self.bar.advance(self.task, n)
+
+
+def search_table(result) -> Table:
+    """A search's history: each suggestion, its state and objective, the best marked."""
+    t = Table(title=f"Search {result.study} ({', '.join(result.objectives)}; {result.stopped})",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("#", "params", "state", "value", "interval", "why / run"):
+        t.add_column(name, overflow="fold", justify="right" if name in ("#", "value") else "left")
+    best = result.best.number if result.best else None
+    for s in result.history:
+        params = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in s.params.items())
+        t.add_row(("* " if s.number == best else "") + str(s.number), params, s.state, _num(s.value, "{:g}"),
+                  f"[{_num(s.low, '{:g}')}, {_num(s.high, '{:g}')}]" if s.low is not None or s.high is not None else "-",
+                  s.reason if s.state != "complete" else (s.search_id or s.run_id or ""))
     return t
 
 

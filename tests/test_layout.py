@@ -15,14 +15,14 @@ LAYERS = [
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
      "measure.router"],
     ["measure.loadgen", "measure.topology", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
-     "measure.ray_search"],
+     "measure.ray_search", "measure.capacity", "measure.search"],
     ["analysis.export", "analysis.importers", "analysis.plots", "analysis.wording", "analysis.efficiency"],
-    ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "terminal", "sweep", "dashboard_launch",
-     "cli", "__main__", "kuberay"],
+    ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
+     "dashboard_launch", "cli", "__main__", "kuberay"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
 MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "workbook", "workbook.chapter",
-               "workbook.analysis", "workbook.report",
+               "workbook.analysis", "workbook.report", "workbook.capacity",
                "hardware.calibrate"}  # its main() is the command line run on the GPU host: it prints its table
 MAX_LINES = 450
 # Known exceptions, each with its reason; an entry that no longer applies fails its test, so none goes stale.

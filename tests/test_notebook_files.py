@@ -54,7 +54,10 @@ def test_every_chapter_has_a_notebook(path):
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
 def test_experiments_cover_the_whole_workbook(path):
-    chapters = set(xp.load(path).all_chapters())
+    exp = xp.load(path)
+    if exp.search is not None and not exp.all_chapters():
+        return  # a search-only experiment (qwen3lab search) is not a workbook
+    chapters = set(exp.all_chapters())
     assert {c for c in workbook.NOTEBOOKS.values() if c} <= chapters
 
 

@@ -354,12 +354,46 @@ plots.effects_figure(rep.claims, "goodput") if not rep.claims.empty else None'''
     code('plots.effects_figure(rep.claims, "output_throughput") if not rep.claims.empty else None'),
 ])
 
+CAPACITY = notebook([
+    code('''\
+experiment = "experiments/cpu-tiny.yaml"  # the experiment whose baseline and leading candidates are measured
+db = "qwen3lab.duckdb"  # the DuckDB file: the candidates' stored runs, and where every load point goes
+runs_dir = "runs"  # server logs: runs/<search_id>/server.log
+top = 2  # leading candidates: the trials with the highest stored goodput under the SLOs, beside the baseline
+trials = None  # or these trials by name, e.g. ["max-num-seqs-4", "vllm-defaults"]
+requests_per_point = 24  # measured requests per load point (None: workload.capacity's, else num_requests)
+max_points = None  # most load points per configuration (None: workload.capacity's, 12 by default)''',
+         tags=["parameters"]),
+    md('''\
+# 95 · Capacity
+
+How much load does each configuration serve within the SLOs? For the baseline and the leading candidates, one
+server per configuration stays up while the load (`workload.capacity.axis`: request rate or concurrency) is
+doubled to the first failing point and then bisected; a point passes when at least `min_attainment` of its
+requests (failures count as misses) meet every SLO. Configurations are ranked by capacity, with the bracket
+(last passing point, first failing one) as its interval.'''),
+    code('''\
+from qwen3lab.analysis import plots
+from qwen3lab import workbook
+
+workbook.chdir_repo()
+cc = workbook.capacity_chapter(experiment, db, runs_dir, top=top, trials=trials,
+                               requests_per_point=requests_per_point, max_points=max_points)
+cc.table()'''),
+    md("## Latency against offered load (star: capacity; dotted: the SLO)"),
+    code('plots.load_curve_figure(cc.points(), cc.searches(), "p95_ttft_ms", cc.limit("p95_ttft_ms"))'),
+    code('plots.load_curve_figure(cc.points(), cc.searches(), "p95_tpot_ms", cc.limit("p95_tpot_ms"))'),
+    md("## Goodput and attainment against offered load"),
+    code('plots.load_curve_figure(cc.points(), cc.searches(), "request_goodput")'),
+    code('plots.load_curve_figure(cc.points(), cc.searches(), "attainment", cc.limit("attainment"))'),
+])
+
 NOTEBOOKS = {
     "00_environment": ENVIRONMENT, "10_baseline": BASELINE, "20_quantization": QUANTIZATION,
     "30_block_size": BLOCK_SIZE, "40_scheduler": SCHEDULER, "50_prefix_cache": PREFIX_CACHE,
     "60_attention_and_builds": ATTENTION, "70_numa": NUMA, "80_long_context": LONG_CONTEXT,
     "82_routing": ROUTING,
-    "85_thinking_mode": THINKING, "90_soak": SOAK, "99_report": REPORT,
+    "85_thinking_mode": THINKING, "90_soak": SOAK, "95_capacity": CAPACITY, "99_report": REPORT,
 }
 
 

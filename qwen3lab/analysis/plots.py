@@ -240,3 +240,66 @@ def _empty(fig, message: str):
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=200)
     return fig
+
+
+# --- capacity and search ------------------------------------------------------------------------------------
+CURVE_METRICS = {"p95_ttft_ms": "P95 TTFT (ms)", "p95_tpot_ms": "P95 TPOT (ms)", "p99_e2el_ms": "P99 E2EL (ms)",
+                 "request_goodput": "goodput (req/s)", "attainment": "SLO attainment (share of requests)"}
+AXIS_LABELS = {"request_rate": "offered load (requests/s)", "concurrency": "offered load (requests in flight)"}
+
+
+def load_curve_figure(points: pd.DataFrame, searches: pd.DataFrame, metric: str = "p95_ttft_ms",
+                      limit: float | None = None):
+    """A metric against offered load, one line per configuration (capacity search); passing points filled,
+    failing ones hollow, the capacity starred; `limit` draws the SLO (or the attainment floor)."""
+    go = _go()
+    fig = go.Figure()
+    if points.empty or searches.empty:
+        return _empty(fig, "No capacity measured yet: run qwen3lab capacity EXPERIMENT.yaml")
+    names = dict(zip(searches.search_id, searches.chapter.astype(str) + "/" + searches.trial.astype(str)))
+    capacity = dict(zip(searches.search_id, searches.capacity))
+    for search_id, g in points.dropna(subset=["offered_load"]).groupby("search_id", sort=False):
+        g = g.sort_values("offered_load")
+        passed = (g.point_verdict == "pass").to_numpy()
+        trace = go.Scatter(x=g.offered_load, y=g[metric], mode="lines+markers", name=names.get(search_id, search_id),
+                           marker=dict(size=9, symbol=np.where(passed, "circle", "circle-open")),
+                           customdata=g.run_id, hovertemplate="load %{x:g}<br>%{y:.3g}<br>%{customdata}")
+        fig.add_trace(trace)
+        at = g[g.offered_load == capacity.get(search_id)]
+        if not at.empty:
+            fig.add_trace(go.Scatter(x=at.offered_load, y=at[metric], mode="markers", showlegend=False,
+                                     marker=dict(size=16, symbol="star", color="#d62728"),
+                                     hovertemplate=f"capacity of {names.get(search_id, search_id)}: %{{x:g}}"))
+    if limit:
+        fig.add_hline(y=limit, line_dash="dot", line_color="#7f7f7f",
+                      annotation_text="SLO" if metric != "attainment" else "min attainment")
+    axis = searches.axis.dropna().iloc[0] if "axis" in searches and searches.axis.notna().any() else None
+    fig.update_layout(title=f"{CURVE_METRICS.get(metric, metric)} against offered load (star: capacity)",
+                      xaxis_title=AXIS_LABELS.get(axis, "offered load"), yaxis_title=CURVE_METRICS.get(metric, metric),
+                      height=440)
+    return fig
+
+
+def search_history_figure(trials: pd.DataFrame, maximize: bool = True, objective: str = "objective"):
+    """Each measured suggestion's objective in the order it was made, the best so far as a step line;
+    pruned suggestions as grey crosses at the bottom (never launched), failures as red crosses."""
+    go = _go()
+    fig = go.Figure()
+    if trials.empty:
+        return _empty(fig, "No search stored yet: run qwen3lab search EXPERIMENT.yaml")
+    done = trials[trials.state == "complete"].sort_values("number")
+    floor = float(done.value.min()) if not done.empty else 0.0
+    fig.add_trace(go.Scatter(x=done.number, y=done.value, mode="markers", name="measured", marker=dict(size=10),
+                             text=done.trial, hovertemplate="#%{x} %{text}<br>%{y:g}"))
+    if not done.empty:
+        best = done.value.cummax() if maximize else done.value.cummin()
+        fig.add_trace(go.Scatter(x=done.number, y=best, mode="lines", line_shape="hv", name="best so far",
+                                 line=dict(color="#d62728")))
+    for state, colour in (("pruned", "#7f7f7f"), ("failed", "#d62728")):
+        other = trials[trials.state == state]
+        if not other.empty:
+            fig.add_trace(go.Scatter(x=other.number, y=[floor] * len(other), mode="markers", name=state,
+                                     marker=dict(symbol="x", size=9, color=colour), text=other.reason,
+                                     hovertemplate="#%{x} " + state + "<br>%{text}"))
+    fig.update_layout(title="Search history", xaxis_title="suggestion", yaxis_title=objective, height=400)
+    return fig

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from qwen3lab.errors import SpecError, SpecErrors
-from qwen3lab.experiment.spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Trial, Workload
+from qwen3lab.experiment.spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Search, Trial, Workload
 
 _ENGINE = TypeAdapter(AnyEngine)
 Repeats = Union[Annotated[int, Field(ge=1, le=50)], Literal["auto"]]  # launches of each trial, or auto
@@ -62,6 +62,7 @@ class Experiment(BaseModel):
     matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Chapter `main`: dotted key -> values.")
     trials: list[dict[str, Any]] = Field(default_factory=list, description="Chapter `main`: explicit trials.")
     chapters: dict[str, Chapter] = Field(default_factory=dict, description="Named chapters of the workbook.")
+    search: Search | None = Field(None, description="Adaptive search over launch flags (`qwen3lab search`).")
     path: str | None = Field(None, description="Where the file was read from (set by load).")
 
     def all_chapters(self) -> dict[str, Chapter]:
@@ -96,8 +97,8 @@ def _expand_chapter(chapter: Chapter, where: str) -> list[dict[str, Any]]:
     if chapter.matrix:
         keys = list(chapter.matrix)
         for values in itertools.product(*(chapter.matrix[k] for k in keys)):
-            name = ",".join(f"{k.split('.')[-1]}={_label(v)}" for k, v in zip(keys, values))
-            specs.append({"name": name, **dict(zip(keys, values))})
+            overrides = dict(zip(keys, values))
+            specs.append({"name": override_name(overrides), **overrides})
     for i, spec in enumerate(specs):
         if "name" not in spec:
             raise SpecError(f"{where}.trials[{i}].name", None, "a short unique name", "add name: ... to the trial")
@@ -135,6 +136,20 @@ def _repeats(exp: Experiment, chapter: Chapter) -> dict[str, Any]:
     if repeats == "auto":
         return {"repeats": 2, "max_repeats": chapter.max_repeats or exp.max_repeats}
     return {"repeats": repeats}
+
+
+def override_name(overrides: dict[str, Any]) -> str:
+    """A trial's name made from its dotted overrides, as the matrix names them."""
+    return ",".join(f"{k.split('.')[-1]}={_label(v)}" for k, v in overrides.items())
+
+
+def trial_from(exp: Experiment, chapter: str, overrides: dict[str, Any]) -> Trial:
+    """One trial of the experiment's base with dotted overrides (a search's suggestion). Raises SpecErrors."""
+    spec = {"name": override_name(overrides), **overrides}
+    try:
+        return _trial(exp, chapter, Chapter(), spec, None, f"{exp.path or exp.name}: search {spec['name']!r}")
+    except SpecError as exc:
+        raise SpecErrors([exc]) from None
 
 
 def expand(exp: Experiment, only: list[str] | None = None) -> list[Trial]:

@@ -3,8 +3,9 @@
 Every field is vLLM's own name and carries a description. `None` always means "vLLM's default", so a config
 with nothing set *is* the vLLM-defaults baseline, and `to_argv()` emits only what was set.
 
-Lines: one module because every experiment-file model validates against the others (an engine's split topology
-builds its two route engines); splitting it would only move the flag table away from the fields it writes.
+Lines: one module, a little over 450 lines, because every experiment-file model validates against the others
+(an engine's split topology builds its two route engines; a workload carries its capacity, a search its space):
+splitting it would only move the flag table away from the fields it writes, read by the loader and `qwen3lab schema` alike.
 """
 from __future__ import annotations
 
@@ -391,6 +392,27 @@ class RequestClass(Strict):
         return v
 
 
+class Capacity(Strict):
+    """Ask for the largest load one configuration serves within its SLOs (one server for every load point)."""
+
+    axis: Literal["request_rate", "concurrency"] = Field(
+        "request_rate", description="What is raised: open-loop requests per second, or requests in flight.")
+    min_attainment: float = Field(
+        0.95, gt=0, le=1, description="Share of requests (failures count as misses) that must meet every SLO.")
+    criterion: Literal["attainment", "percentiles"] = Field(
+        "attainment", description="attainment: min_attainment of requests meet the per-request SLOs; "
+        "percentiles: the trial-level SLO percentiles (ttft_p95_ms, ...) must hold.")
+    tolerance: float = Field(0.05, gt=0, lt=1, description="Stop bisecting when (fail - pass) / fail is at most this.")
+    max_points: int = Field(12, ge=2, le=64, description="Most load points measured for one configuration.")
+    start: float | None = Field(None, gt=0, description="First load point (default: the workload's own value on "
+                                "the axis, else 1).")
+    requests_per_point: int | None = Field(None, ge=4, description="Measured requests per point (default: num_requests).")
+    warmup_per_point: int = Field(2, ge=0, description="Unmeasured requests sent before each point.")
+    saturation_waiting: int | None = Field(
+        None, ge=1, description="request_rate axis: end a point as failed (saturated) once vLLM's waiting queue "
+        "holds this many requests: the server is not keeping up (default: half the point's requests).")
+
+
 class Workload(Strict):
     """What the load generator sends, and when."""
 
@@ -419,6 +441,9 @@ class Workload(Strict):
     seed: int = Field(0, description="Seed for lengths, words, classes and arrival gaps: same seed, same bytes.")
     request_timeout_s: float = Field(600.0, gt=0, description="A request that takes longer is recorded as failed.")
     scrape_interval_s: float = Field(1.0, gt=0, description="How often /metrics is scraped during the load.")
+    capacity: Capacity | None = Field(
+        None, description="Measure capacity (`qwen3lab capacity`): raise the load on one server until the SLOs fail, "
+        "then bisect.")
 
     @model_validator(mode="after")
     def _checks(self):
@@ -440,6 +465,78 @@ class SLO(Strict):
     e2el_p99_ms: float | None = Field(None, gt=0, description="Trial-level: P99 E2EL must be at most this.")
     max_failed_fraction: float = Field(0.0, ge=0, le=1, description="Trial-level: at most this fraction of requests "
                                        "may fail, time out or be left unfinished (0: none may).")
+
+
+class Range(Strict):
+    """A numeric range of a search space: whole numbers when low and high are, else real ones."""
+
+    low: float = Field(description="Smallest value.")
+    high: float = Field(description="Largest value.")
+    log: bool = Field(False, description="Sample on a log scale (token budgets, batch sizes).")
+    step: float | None = Field(None, gt=0, description="Spacing of the values (not with log).")
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.high < self.low:
+            raise ValueError(f"high {self.high} is below low {self.low}: swap them")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log: true needs low > 0, not {self.low}")
+        return self
+
+    @property
+    def whole(self) -> bool:
+        return float(self.low).is_integer() and float(self.high).is_integer() and (self.step or 1).is_integer()
+
+
+class Budget(Strict):
+    trials: int | None = Field(None, ge=1, description="Most configurations measured (pruned ones do not count).")
+    wall_time_s: float | None = Field(None, gt=0, description="No new configuration starts after this many seconds.")
+
+
+SEARCH_OBJECTIVES = {"capacity": "maximize", "goodput": "maximize", "p95_ttft_ms": "minimize",
+                     "p95_tpot_ms": "minimize"}
+
+
+class Search(Strict):
+    """An adaptive search over launch flags (optuna), measured like any trial and resumed from DuckDB."""
+
+    space: dict[str, list[Any] | Range] = Field(
+        description="Dotted key -> values (a list: categorical) or {low, high, log, step} (a range), e.g. "
+        "engine.max_num_seqs: [32, 64], engine.max_num_batched_tokens: {low: 256, high: 8192, log: true}.")
+    objective: str | list[str] = Field(
+        "capacity", description="capacity (largest load within the SLOs) or goodput (SLO-meeting requests/s at "
+        "the workload's load); two (e.g. [capacity, p95_ttft_ms]) give a Pareto front (NSGA-II).")
+    budget: Budget = Field(default_factory=lambda: Budget(trials=8), description="When the search stops.")
+    sampler: Literal["tpe", "random", "grid"] = Field("tpe", description="optuna's TPE, random, or every point of "
+                                                      "a space of lists, in order.")
+    seed: int = Field(0, description="Sampler seed: the same seed suggests the same configurations.")
+    chapter: str = Field("search", description="Chapter the searched trials are stored under.")
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v):
+        if not v:
+            raise ValueError("the space is empty: add e.g. engine.max_num_seqs: [32, 64, 128]")
+        for key, values in v.items():
+            if key.split(".")[0] not in ("engine", "workload") or "." not in key:
+                raise ValueError(f"{key!r}: write engine.FIELD or workload.FIELD (dotted)")
+            if isinstance(values, list) and not values:
+                raise ValueError(f"{key}: an empty list of values")
+        return v
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v):
+        names = [v] if isinstance(v, str) else v
+        bad = [n for n in names if n not in SEARCH_OBJECTIVES]
+        if bad or not 1 <= len(names) <= 2 or names[0] not in ("capacity", "goodput"):
+            raise ValueError(f"{v!r}: the first objective is capacity or goodput, an optional second one of "
+                             + ", ".join(SEARCH_OBJECTIVES))
+        return v
+
+    @property
+    def objectives(self) -> list[str]:
+        return [self.objective] if isinstance(self.objective, str) else list(self.objective)
 
 
 class Trial(Strict):
@@ -464,7 +561,10 @@ class Trial(Strict):
         """Identity for resuming: same experiment, chapter, name, engine and workload = same trial."""
         return stable_hash({
             "experiment": self.experiment, "chapter": self.chapter, "name": self.name,
-            "engine": self.engine.model_dump(mode="json"), "workload": self.workload.model_dump(mode="json"),
+            "engine": self.engine.model_dump(mode="json"),
+            # capacity is left out while unset, so trials stored before it existed keep their keys
+            "workload": self.workload.model_dump(mode="json", exclude={"capacity"} if self.workload.capacity is None
+                                                 else None),
         })[:16]
 
 

@@ -40,6 +40,10 @@ _ERROR_LINE = re.compile(r"(Error|Exception|error:|RuntimeError|Traceback)")
 _GENERIC = re.compile(r"Engine core initialization failed|^Traceback|EngineDeadError|Engine process failed|"
                       r"raise |^File ", re.IGNORECASE)
 _KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+# torch.compile's cache (vLLM keeps one per config under VLLM_CACHE_ROOT, ~/.cache/vllm by default, so every
+# trial of a sweep or search on this machine shares it): what the start log says of it.
+_COMPILE_CACHE = (("warm", "Directly load the compiled graph"), ("cold", "Compiling a graph for compile range"),
+                  ("disabled", "torch.compile cache is disabled"))
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _LIVE: set["Server"] = set()
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -295,6 +299,7 @@ class Server:
             self.info["kv_cache_tokens"] = int(m[-1].replace(",", ""))
         if m := _MAX_CONC.findall(text):
             self.info["max_concurrency"] = float(m[-1][1])
+        self.info["compile_cache"] = next((state for state, line in _COMPILE_CACHE if line in text), None)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the whole process group; wait until no process and no listening port is left."""
@@ -379,6 +384,7 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
     argv = exec_argv(config, port, build, emulated=emulated)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     with open(log_path, "ab") as log:
         log.write(f"# qwen3lab exec: {json.dumps(argv)}\n".encode())
         log.flush()
@@ -394,6 +400,7 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
     _LIVE.add(server)
     try:
         _wait_ready(server, ready_timeout_s)
+        server.info["start_s"] = time.monotonic() - started  # process start to /health 200
         server.read_info()
         yield server
     finally:

@@ -25,7 +25,7 @@ from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
 from qwen3lab.experiment.spec import Trial
-from qwen3lab.store import Store
+from qwen3lab.store import Store, new_run_id
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
 # Progress is shown every second; requests are written to DuckDB during a load only every 30 s (long loads,
@@ -144,9 +144,14 @@ def _chat_template_tokens(server: engine.Server, trial: Trial) -> int:
         return 0  # not a vLLM server: prompt lengths then exclude the template
 
 
-async def _measure(server: engine.Server, requests, trial: Trial, on_done) -> LoadResult:
+async def _measure(server: engine.Server, requests, trial: Trial, on_done,
+                   stop_when: Callable[[list], bool] | None = None,
+                   samples: Callable[[], list] = list) -> LoadResult:
+    # stop_when sees the /metrics samples so far: a capacity point ends once its verdict is decided
+    should_stop = (lambda: not server.alive()) if stop_when is None else \
+        (lambda: not server.alive() or stop_when(samples()))
     return await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
-                          headers=server.headers, should_stop=lambda: not server.alive())
+                          headers=server.headers, should_stop=should_stop)
 
 
 def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | None, machine: dict) -> dict:
@@ -162,19 +167,28 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
     )
 
 
-def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
-              notebook_path: str | None = None, machine: preflight.Machine | None = None,
-              progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
-              ready_timeout_s: float = 900.0, gpu_id: str | None = None,
-              verdict: preflight.Verdict | None = None) -> TrialResult:
-    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial.
-    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan)."""
+@dataclass
+class Begun:
+    """A run row written before anything is launched; `skipped` when pre-flight says it cannot run here."""
+
+    run_id: str
+    info: dict
+    skipped: str | None = None
+
+
+def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, notebook_path: str | None = None,
+              machine: preflight.Machine | None = None, gpu_id: str | None = None,
+              verdict: preflight.Verdict | None = None, **link) -> Begun:
+    """Pre-flight (unless the caller's `verdict` judged it already), then the run row (status running, or
+    skipped with the reason). Raises SpecErrors first.
+
+    `link` are extra run columns, e.g. a capacity point's search_id, point_index and offered_load."""
     probe = hardware.probe()
     if verdict is None:
         verdict = preflight.check(trial, machine or preflight.Machine.local(), gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
-    fields = _provenance(trial, experiment_path, notebook_path, probe)
+    fields = _provenance(trial, experiment_path, notebook_path, probe) | link
     fields["info_json"] = {"qwen3lab_version": __version__, "preflight_notes": verdict.notes, "plan": verdict.plan,
                            "machine": probe}
     if verdict.plan:
@@ -182,26 +196,45 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
     if verdict.skip:
         run_id = store.begin_run(status="skipped", reason=verdict.skip, **fields)
         store.finish_run(run_id, "skipped", verdict.skip)
-        return TrialResult(trial, run_id, "skipped", verdict.skip)
-    run_id = store.begin_run(**fields)
-    log_path = Path(runs_dir) / run_id / "server.log"
-    store.update_run(run_id, log_path=str(log_path))
+        return Begun(run_id, fields["info_json"], verdict.skip)
+    return Begun(store.begin_run(**fields), fields["info_json"])
+
+
+@dataclass
+class Measured:
+    status: str
+    reason: str | None
+    summary: dict
+    extra: dict  # run columns learnt while measuring (build, digests, client CPU, ...)
+    records: list
+
+
+def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info: dict,
+            progress: Callable[[int], None] | None = None, on_done: Callable[[RequestRecord], None] | None = None,
+            stop_when: Callable[[list], bool] | None = None) -> Measured:
+    """Load a running server with the trial's workload, flushing requests and samples to run_id as they come.
+
+    Several calls may share one server (a capacity search's load points); each is its own run."""
+    build = server.build
+    extra = {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
+             or (build.vllm_version if build else None),
+             "torch_version": build.torch_version if build else None,
+             "python_executable": build.python if build else None,
+             "vllm_kv_tokens": server.info.get("kv_cache_tokens"), "start_s": server.info.get("start_s"),
+             "compile_cache": server.info.get("compile_cache")}
+    if server.info.get("emulation"):  # the utilization that capped memory to the target card's budget
+        info = extra["info_json"] = {**info, "emulation": server.info["emulation"]}
+    store.update_run(run_id, **extra)
     # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
     sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,
                           visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
-    status, reason, summary, extra = "failed", None, None, {}
     try:
-        with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server, \
-                _Flusher(store, run_id, progress) as flusher:
-            build = server.build
-            extra |= {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
-                      or (build.vllm_version if build else None),
-                      "torch_version": build.torch_version if build else None,
-                      "python_executable": build.python if build else None,
-                      "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
-            if server.info.get("emulation"):  # the utilization that capped memory to the target card's budget
-                fields["info_json"] = extra["info_json"] = {**fields["info_json"], "emulation": server.info["emulation"]}
-            store.update_run(run_id, **extra)
+        with _Flusher(store, run_id, progress) as flusher:
+            def done(rec: RequestRecord) -> None:
+                flusher.add(rec)
+                if on_done:
+                    on_done(rec)
+
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
             template = _chat_template_tokens(server, trial)
@@ -209,60 +242,99 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
-            # /metrics is scraped by a child process, never on the load's loop (see telemetry.MetricsScraper).
+            # /metrics is scraped by a child process, never on the load's loop (see telemetry.MetricsScraper);
+            # its samples reach this process at the end, so a point's saturation check sees none during the load.
             with MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers) as scraper:
-                result = run_sync(_measure(server, requests, trial, flusher.add))
+                result = run_sync(_measure(server, requests, trial, done, stop_when, lambda: scraper.samples))
             scraped = scraper.samples
             sampler.stop()
             flusher.flush()
-            # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
-            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo,
-                                              opening_burst(trial.workload))
-            client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
-            summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
-                        "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
-            if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)
-                lag_ms = sorted(1000 * x for x in result.loop_lag_s)
-                summary |= {"client_loop_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))],
-                            "client_loop_lag_max_ms": lag_ms[-1]}
-            summary |= sampler.summary() if sampler.samples else {}
-            if isinstance(server, topology.SplitServer) and server.alive():  # the router's own cost, paired
-                summary |= topology.added_latency(server, requests, trial.workload)
-            samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
-            samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
-            store.add_samples(run_id, samples)
-            extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
-            measured = [r for r in result.records if not r.warmup]
-            planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
-            check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
-                                    client_cpu_s, [r.sent_at for r in measured], planned,
-                                    ramp=trial.workload.concurrency or 0)
-            extra |= {"validity": validity.label(check), "checks_json": check,
-                      "comparability_key": comparable.comparability_key({**fields, **extra})}
-            if not server.alive():
-                status, reason = server.death()
-            elif summary["completed"] == 0:
-                status, reason = "failed", _first_error(result.records)
-            else:
-                status = "ok"
-                if summary["failed"]:
-                    reason = f"{summary['failed']} requests failed; first: {_first_error(result.records)}"
-    except EngineError as exc:
-        status, reason = exc.outcome, exc.reason
+    finally:
+        sampler.stop()
+        if sampler.why_not:
+            extra["info_json"] = {**info, "gpu_telemetry": sampler.why_not}
+    # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
+    summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo,
+                                      opening_burst(trial.workload))
+    client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
+    summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
+                "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
+    if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)
+        lag_ms = sorted(1000 * x for x in result.loop_lag_s)
+        summary |= {"client_loop_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))],
+                    "client_loop_lag_max_ms": lag_ms[-1]}
+    summary |= sampler.summary() if sampler.samples else {}
+    if isinstance(server, topology.SplitServer) and server.alive():  # the router's own cost, paired
+        summary |= topology.added_latency(server, requests, trial.workload)
+    samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
+    samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
+    store.add_samples(run_id, samples)
+    extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+    measured = [r for r in result.records if not r.warmup]
+    planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
+    check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
+                            client_cpu_s, [r.sent_at for r in measured], planned,
+                            ramp=trial.workload.concurrency or 0)
+    machine = info.get("machine", {})
+    extra |= {"validity": validity.label(check), "checks_json": check,
+              "comparability_key": comparable.comparability_key(
+                  {"cpu": machine.get("cpu"), "gpu": hardware.gpu_summary(machine) if machine else None, **extra})}
+    if not server.alive():
+        status, reason = server.death()
+    elif summary["completed"] == 0:
+        status, reason = "failed", _first_error(result.records)
+    else:
+        status, reason = "ok", None
+        if summary["failed"]:
+            reason = f"{summary['failed']} requests failed; first: {_first_error(result.records)}"
+    return Measured(status, reason, summary, extra, result.records)
+
+
+def record_failure(log_path: Path, exc: BaseException) -> tuple[str, str]:
+    """(status, reason) of an error met while running a trial, its traceback appended to the server log."""
+    if isinstance(exc, EngineError):
+        return exc.outcome, exc.reason
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as f:
+        f.write("\n# qwen3lab error\n" + "".join(traceback.format_exception(exc)))
+    return "failed", f"{type(exc).__name__}: {exc}"
+
+
+def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
+              notebook_path: str | None = None, machine: preflight.Machine | None = None,
+              progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
+              ready_timeout_s: float = 900.0, gpu_id: str | None = None,
+              verdict: preflight.Verdict | None = None) -> TrialResult:
+    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial.
+    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan)."""
+    run_id = new_run_id()
+    try:
+        begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id, verdict, run_id=run_id)
+    except KeyboardInterrupt:  # the row may be written already: finish it (a no-op when it is not)
+        store.finish_run(run_id, "interrupted", "stopped by the user (Ctrl-C) before its server started")
+        raise
+    if begun.skipped:
+        return TrialResult(trial, begun.run_id, "skipped", begun.skipped)
+    run_id = begun.run_id
+    log_path = Path(runs_dir) / run_id / "server.log"
+    status, reason, summary, extra = "failed", None, None, {}
+    try:
+        store.update_run(run_id, log_path=str(log_path))
+        with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server:
+            got = measure(server, trial, store, run_id, begun.info, progress)
+            status, reason, summary, extra = got.status, got.reason, got.summary, got.extra
     except KeyboardInterrupt:
         status, reason = "interrupted", "stopped by the user (Ctrl-C)"
         raise
     except Exception as exc:  # noqa: BLE001 - stored with its traceback, then the sweep goes on
-        status, reason = "failed", f"{type(exc).__name__}: {exc}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a") as f:
-            f.write("\n# qwen3lab error\n" + traceback.format_exc())
+        status, reason = record_failure(log_path, exc)
     finally:
-        sampler.stop()
-        if sampler.why_not:
-            extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
         store.finish_run(run_id, status, reason, summary, **extra)
     return TrialResult(trial, run_id, status, reason, summary)
+
+
+def _first_error(records: list[RequestRecord]) -> str:
+    return next((r.error for r in records if r.error), "no request completed")
 
 
 def opening_burst(workload) -> int:

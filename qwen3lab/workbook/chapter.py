@@ -31,6 +31,7 @@ NOTEBOOKS: dict[str, str | None] = {
     "82_routing": "routing",
     "85_thinking_mode": "thinking_mode",
     "90_soak": "soak",
+    "95_capacity": None,  # the baseline and the leading candidates of the whole experiment (workbook.capacity)
     "99_report": None,
 }
 CHAPTER_NOTEBOOK = {chapter: stem for stem, chapter in NOTEBOOKS.items() if chapter}

@@ -1,0 +1,82 @@
+"""Capacity: each configuration's largest load within the SLOs, its load curves, and adaptive searches."""
+import json
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import ui
+from qwen3lab.analysis import plots
+from qwen3lab.errors import Qwen3LabError
+
+st.title("Capacity")
+try:
+    searches = ui.store().capacities()
+    studies = ui.store().search_trials()
+except Qwen3LabError as exc:
+    ui.stop_with(exc)
+if searches.empty and studies.empty:
+    st.info("No capacity measured yet. `qwen3lab capacity EXPERIMENT.yaml` measures each trial's capacity on one "
+            "server; `qwen3lab search EXPERIMENT.yaml` searches launch flags by capacity (see "
+            "experiments/cpu-tiny-search.yaml).")
+    st.stop()
+
+if not searches.empty:
+    experiments = sorted(searches.experiment.dropna().unique())
+    experiment = st.selectbox("Experiment", experiments, key="capacity_experiment")
+    mine = searches[searches.experiment == experiment]
+    # The newest search of each configuration stands for it; ranked by capacity (higher serves more).
+    latest = mine.sort_values("started_at", ascending=False).drop_duplicates("trial_key")
+    ranked = latest.sort_values("capacity", ascending=False, na_position="last")
+    st.caption("Capacity = the largest offered load whose point met the SLOs; the bracket is that point and the "
+               "first failing one above it. One server served every point of a configuration.")
+    st.dataframe(ranked[["chapter", "trial", "status", "axis", "capacity", "low", "high", "points", "start_s",
+                         "measure_s", "reason", "search_id"]], hide_index=True, width="stretch",
+                 column_config={"capacity": st.column_config.NumberColumn("capacity", format="%g"),
+                                "low": st.column_config.NumberColumn("last pass", format="%g"),
+                                "high": st.column_config.NumberColumn("first fail", format="%g"),
+                                "start_s": st.column_config.NumberColumn("start s", format="%.0f",
+                                                                          help="process start to /health"),
+                                "measure_s": st.column_config.NumberColumn("load s", format="%.0f")})
+    names = dict(zip(ranked.search_id, ranked.chapter + "/" + ranked.trial))
+    shown = st.multiselect("Configurations", list(ranked.search_id), default=list(ranked.search_id[:6]),
+                           format_func=lambda s: names.get(s, s), key="capacity_searches")
+    metric = st.radio("Metric", list(plots.CURVE_METRICS), horizontal=True, key="capacity_metric",
+                      format_func=lambda m: plots.CURVE_METRICS[m])
+    points = ui.store().capacity_points(shown) if shown else ranked.iloc[0:0]
+    chosen = ranked[ranked.search_id.isin(shown)]
+    limit = None
+    if metric == "attainment" and not chosen.empty:
+        limit = float(chosen.min_attainment.iloc[0])
+    elif not points.empty and metric in ("p95_ttft_ms", "p95_tpot_ms", "p99_e2el_ms"):
+        slo = json.loads(points.slo_json.dropna().iloc[0]) if points.slo_json.notna().any() else {}
+        key = {"p95_ttft_ms": ("ttft_p95_ms", "ttft_ms"), "p95_tpot_ms": ("tpot_p95_ms", "tpot_ms"),
+               "p99_e2el_ms": ("e2el_p99_ms", "e2el_ms")}[metric]
+        limit = next((slo[k] for k in key if slo.get(k)), None)
+    st.plotly_chart(plots.load_curve_figure(points, chosen, metric, limit), width="stretch")
+
+if not studies.empty:
+    from qwen3lab.measure import search as se
+
+    st.header("Searches")
+    study = st.selectbox("Study", list(dict.fromkeys(studies.study)), key="capacity_study")
+    history = studies[studies.study == study]
+    done = history[history.state == "complete"]
+    counts = history.state.value_counts().to_dict()
+    st.caption(" · ".join(f"{n} {s}" for s, n in counts.items()) + ". Pruned suggestions were judged infeasible "
+               "by pre-flight and never launched.")
+    if not done.empty:
+        best = done.sort_values(["value", "number"], ascending=[False, True]).iloc[0]
+        st.success(f"Best so far: **{best.trial}**, objective {best.value:g}"
+                   + (f" (bracket {best.low:g} to {best.high:g})" if best.low == best.low and best.high == best.high
+                      else "") + f" · run `{best.run_id}` (export it from the Export page)")
+    st.plotly_chart(plots.search_history_figure(history), width="stretch")
+    found = se.importances(history)
+    if found:
+        st.plotly_chart(plots.bar_figure(
+            pd.DataFrame({"flag": list(found), "importance": list(found.values())}),
+            "flag", "importance", "Parameter importance (fANOVA)", "share of the objective's variance"),
+            width="stretch")
+    else:
+        st.caption("Parameter importance needs at least three measured configurations with different results.")
+    st.dataframe(history[["number", "trial", "state", "value", "low", "high", "reason", "run_id", "search_id",
+                          "wall_s"]], hide_index=True, width="stretch")

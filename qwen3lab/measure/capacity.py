@@ -1,0 +1,365 @@
+"""Capacity of one configuration under its SLOs: the largest load one server serves while the SLOs hold.
+
+One server stays up for every load point of a configuration (a start costs minutes on a GPU; a point costs
+seconds): health-checked between points, its prefix cache reset where vLLM allows it (else each point gets a
+fresh prompt seed, so prefix hits never carry over), a warm-up at the start of each point. The load is doubled
+up to the first failing point, then bisected until the bracket is within the tolerance. Each point is a run of
+its own, measured by the runner's `measure` and linked to its search (search_id, point_index); the capacity
+and its bracket are stored in `capacities`. A point ends early once it has failed for certain, or when vLLM's
+waiting queue shows the server is not keeping up.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from qwen3lab.analysis import metrics
+from qwen3lab.errors import EngineError, SpecErrors
+from qwen3lab.experiment import preflight
+from qwen3lab.experiment.spec import SLO, Capacity, Trial, Workload
+from qwen3lab.measure import engine, executor, runner, topology
+from qwen3lab.measure.loadgen import RequestRecord
+from qwen3lab.store import Store
+
+# Outcomes of a whole search: bracketed, no failure found within max_points, or no point passed.
+SEARCH_DONE = ("ok", "unbounded", "none_passed")
+SEED_STRIDE = 1009  # a fresh prompt seed per point: seed + index * stride
+
+
+@dataclass
+class Point:
+    index: int
+    load: float
+    run_id: str
+    status: str  # the run's status (ok, crashed, ...)
+    passed: bool
+    attainment: float | None
+    why: str  # what decided the verdict
+    summary: dict | None = None
+
+
+@dataclass
+class CapacityResult:
+    trial: Trial
+    search_id: str
+    axis: str
+    status: str  # ok | unbounded | none_passed | failed | oom | timeout | crashed | interrupted | skipped | resumed
+    reason: str | None = None
+    capacity: float | None = None
+    low: float | None = None
+    high: float | None = None
+    points: list[Point] = field(default_factory=list)
+    start_s: float | None = None
+    measure_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"experiment": self.trial.experiment, "chapter": self.trial.chapter, "trial": self.trial.name,
+                "search_id": self.search_id, "axis": self.axis, "status": self.status, "reason": self.reason,
+                "capacity": self.capacity, "interval": [self.low, self.high], "start_s": self.start_s,
+                "measure_s": self.measure_s,
+                "points": [{k: v for k, v in asdict(p).items() if k != "summary"} |
+                           {"p95_ttft_ms": (p.summary or {}).get("p95_ttft_ms"),
+                            "p95_tpot_ms": (p.summary or {}).get("p95_tpot_ms"),
+                            "request_goodput": (p.summary or {}).get("request_goodput")} for p in self.points]}
+
+
+# --- the search on the load axis (pure: tested without a server) ------------------------------------------
+def first_load(spec: Capacity, workload: Workload) -> float:
+    own = workload.request_rate if spec.axis == "request_rate" else workload.concurrency
+    value = spec.start or own or 1.0
+    return float(max(1, round(value))) if spec.axis == "concurrency" else float(value)
+
+
+def bracket(points: list[tuple[float, bool]]) -> tuple[float | None, float | None]:
+    """(largest passing load below the first failing one, smallest failing load); None where there is none."""
+    fails = [load for load, ok in points if not ok]
+    high = min(fails) if fails else None
+    passes = [load for load, ok in points if ok and (high is None or load < high)]
+    return (max(passes) if passes else None), high
+
+
+def next_load(points: list[tuple[float, bool]], spec: Capacity, start: float) -> float | None:
+    """The next load to measure, or None when the search is over: double to the first failure, then bisect."""
+    if not points:
+        return start
+    if len(points) >= spec.max_points:
+        return None
+    low, high = bracket(points)
+    whole = spec.axis == "concurrency"
+    if high is None:  # no failure yet: double
+        return points[-1][0] * 2
+    if low is None:  # even the lowest failed: halve towards zero
+        nxt = math.floor(high / 2) if whole else high / 2
+        return nxt if nxt >= (1 if whole else 1e-3) else None
+    if (high - low) / high <= spec.tolerance:
+        return None
+    mid = math.floor((low + high) / 2) if whole else (low + high) / 2
+    return None if whole and mid <= low else mid
+
+
+def point_workload(workload: Workload, spec: Capacity, load: float, index: int, fresh_seed: bool) -> Workload:
+    """The workload of one point: the load on its axis, the other axis open, its own warm-up (and seed)."""
+    update = {"capacity": None, "duration_s": None, "num_requests": spec.requests_per_point or workload.num_requests,
+              "warmup_requests": spec.warmup_per_point,
+              "seed": workload.seed + index * SEED_STRIDE if fresh_seed else workload.seed}
+    if spec.axis == "request_rate":
+        update |= {"request_rate": float(load), "concurrency": None}  # open loop: a queue shows up as latency
+    else:
+        update |= {"concurrency": int(load), "request_rate": None}
+    return Workload.model_validate(workload.model_dump() | update)
+
+
+def point_trial(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool) -> Trial:
+    label = f"{load:g}"
+    return trial.model_copy(update={
+        "name": f"{trial.name}@{spec.axis}={label}",
+        "workload": point_workload(trial.workload, spec, load, index, fresh_seed),
+        "tags": {**trial.tags, "capacity_of": trial.name}, "baseline": None})
+
+
+class PointJudge:
+    """Counts good requests as they finish; says when a point has failed for certain or the server saturates."""
+
+    def __init__(self, spec: Capacity, slo: SLO, planned: int):
+        self.spec, self.planned = spec, planned
+        self.request_slo = metrics.per_request_slo(slo)
+        self.good = self.seen = 0
+        self.allowed_misses = math.floor((1 - spec.min_attainment) * planned + 1e-9)
+        self.saturation = spec.saturation_waiting or max(2, planned // 2)
+        self.early: str | None = None
+
+    def add(self, rec: RequestRecord) -> None:
+        if rec.warmup:
+            return
+        self.seen += 1
+        # Light on purpose (this runs on the load's event loop): numpy on one row, no DataFrame.
+        one = metrics.RequestTable.from_columns(
+            ok=[rec.ok], ttft=[rec.ttft], e2el=[rec.e2el], prompt_tokens=[0], chunk_times=[None], request_class=[""],
+            output_tokens=[rec.output_tokens if rec.output_tokens is not None else len(rec.chunk_times)])
+        if rec.ok and bool(one.good(self.request_slo).all()):
+            self.good += 1
+
+    def stop(self, samples: list) -> bool:
+        if self.early:
+            return True
+        if self.spec.criterion == "attainment" and self.seen - self.good > self.allowed_misses:
+            self.early = f"failed early: {self.seen - self.good} of {self.planned} requests missed the SLOs"
+        # Open loop only: with a concurrency cap the queue is bounded by it and shows up in TTFT instead.
+        waiting = [v for _, _, name, v in samples[-32:] if name == "vllm:num_requests_waiting"]
+        if self.spec.axis == "request_rate" and waiting and waiting[-1] >= self.saturation:
+            self.early = f"saturated: {int(waiting[-1])} requests waiting in vLLM's queue"
+        return self.early is not None
+
+
+def judge(spec: Capacity, slo: SLO, got: runner.Measured, rows, early: str | None) -> tuple[bool, float | None, str]:
+    """(passed, attainment, why) of a measured point from its stored request rows; attainment counts failed
+    requests as misses."""
+    table = metrics.request_table(rows)
+    n = len(table)
+    attainment = float(table.good(metrics.per_request_slo(slo)).sum()) / n if n else None
+    if got.status != "ok" or attainment is None:
+        return False, attainment, got.reason or got.status
+    if early and early.startswith("saturated"):
+        return False, attainment, early
+    if spec.criterion == "percentiles":
+        ok = metrics.meets_slo(got.summary, slo)
+        return ok, attainment, "SLO percentiles " + ("hold" if ok else "missed")
+    ok = attainment >= spec.min_attainment and not early
+    return ok, attainment, early or f"attainment {attainment:.3f} {'>=' if ok else '<'} {spec.min_attainment}"
+
+
+# --- one configuration ------------------------------------------------------------------------------------
+def reset_prefix_cache(server: engine.Server) -> bool:
+    """vLLM's POST /reset_prefix_cache (served only with VLLM_SERVER_DEV_MODE=1); False where it is not."""
+    req = urllib.request.Request(server.base_url + "/reset_prefix_cache", data=b"", method="POST",
+                                 headers=server.headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status == 200 and bool(json.loads(resp.read() or b"{}").get("success", True))
+    except Exception:
+        return False
+
+
+def healthy(server: engine.Server) -> bool:
+    if not server.alive():
+        return False
+    try:
+        return engine.http_get(server.base_url + "/health", timeout=10, headers=server.headers)[0] == 200
+    except OSError:
+        return False
+
+
+def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
+                     machine: preflight.Machine | None = None, gpu_id: str | None = None,
+                     on_point: Callable[[Point], None] | None = None,
+                     progress: Callable[[int], None] | None = None, ready_timeout_s: float = 900.0,
+                     on_server: Callable[[engine.Server], None] | None = None,
+                     verdict: preflight.Verdict | None = None) -> CapacityResult:
+    """The capacity of one trial's configuration on one server; every point and the result are stored.
+    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan)."""
+    spec = trial.workload.capacity or Capacity()
+    machine = machine or preflight.Machine.local()
+    verdict = verdict or preflight.check(trial, machine, gpu_id)
+    if verdict.errors:
+        raise SpecErrors(verdict.errors)
+    search_id = store.begin_capacity(
+        trial_key=trial.key, experiment=trial.experiment, chapter=trial.chapter, trial=trial.name,
+        config_hash=trial.engine.config_hash(), axis=spec.axis, criterion=spec.criterion,
+        min_attainment=spec.min_attainment, tolerance=spec.tolerance, spec_json=spec.model_dump(mode="json"))
+    result = CapacityResult(trial, search_id, spec.axis, "failed")
+    if verdict.skip:
+        result.status, result.reason = "skipped", verdict.skip
+        store.finish_capacity(search_id, "skipped", verdict.skip, points=0, server_starts=0)
+        return result
+    log_path = Path(runs_dir) / search_id / "server.log"
+    start = first_load(spec, trial.workload)
+    measured: list[tuple[float, bool]] = []
+    t_launch = time.monotonic()
+    try:
+        with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server:
+            result.start_s = time.monotonic() - t_launch
+            if on_server:
+                on_server(server)
+            while (load := next_load(measured, spec, start)) is not None:
+                if not healthy(server):
+                    result.status, result.reason = server.death() if not server.alive() else \
+                        ("crashed", "/health stopped answering 200 between load points")
+                    break
+                cache_reset = reset_prefix_cache(server)
+                point = _measure_point(trial, spec, load, len(measured), not cache_reset, server, store, search_id,
+                                       experiment_path, machine, gpu_id, progress)
+                result.points.append(point)
+                result.measure_s += (point.summary or {}).get("duration", 0.0)
+                measured.append((load, point.passed))
+                if on_point:
+                    on_point(point)
+                if point.status != "ok" and not server.alive():
+                    result.status, result.reason = server.death()
+                    break
+            else:
+                result.status = "running"
+    except KeyboardInterrupt:
+        result.status, result.reason = "interrupted", "stopped by the user (Ctrl-C)"
+        raise
+    except Exception as exc:  # noqa: BLE001 - stored, then the next configuration goes on
+        result.status, result.reason = runner.record_failure(log_path, exc)
+    finally:
+        low, high = bracket(measured)
+        if result.status == "running":
+            result.status = "unbounded" if high is None else "none_passed" if low is None else "ok"
+            result.reason = {"unbounded": f"no failing point within max_points={spec.max_points}",
+                             "none_passed": f"even {high:g} failed" if high else None}.get(result.status)
+        result.low, result.high = low, high
+        result.capacity = low if low is not None else (0.0 if high is not None else None)
+        store.finish_capacity(search_id, result.status, result.reason, capacity=result.capacity, low=low, high=high,
+                              points=len(result.points), server_starts=1 if result.start_s is not None else 0,
+                              start_s=result.start_s, measure_s=result.measure_s)
+    return result
+
+
+def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool, server: engine.Server,
+                   store: Store, search_id: str, experiment_path: str | None, machine, gpu_id,
+                   progress) -> Point:
+    pt = point_trial(trial, spec, load, index, fresh_seed)
+    begun = runner.begin_run(pt, store, experiment_path, None, machine, gpu_id, search_id=search_id,
+                             point_index=index, load_axis=spec.axis, offered_load=load,
+                             log_path=str(server.log_path or ""))
+    judge_ = PointJudge(spec, trial.slo, pt.workload.num_requests)
+    status, reason, summary, extra, passed, attainment, why = "failed", None, None, {}, False, None, ""
+    try:
+        got = runner.measure(server, pt, store, begun.run_id, begun.info, progress, judge_.add, judge_.stop)
+        status, reason, summary, extra = got.status, got.reason, got.summary, got.extra
+        passed, attainment, why = judge(spec, trial.slo, got, store.requests([begun.run_id]), judge_.early)
+        if judge_.early:
+            summary |= {"ended_early": judge_.early}
+    except KeyboardInterrupt:
+        status, reason = "interrupted", "stopped by the user (Ctrl-C)"
+        raise
+    except EngineError as exc:
+        status, reason, why = exc.outcome, exc.reason, exc.reason
+    finally:
+        store.finish_run(begun.run_id, status, reason, summary, attainment=attainment,
+                         point_verdict="pass" if passed else "fail", **extra)
+    return Point(index, load, begun.run_id, status, passed, attainment, why, summary)
+
+
+# --- an experiment ----------------------------------------------------------------------------------------
+def finished_search(store: Store, trial: Trial) -> dict | None:
+    df = store.capacities(trial_key=trial.key)
+    if df.empty:
+        return None
+    done = df[df.status.isin(SEARCH_DONE + ("skipped",))]
+    return None if done.empty else done.iloc[0].to_dict()
+
+
+class Listener:
+    """What `run_capacities` tells its caller (the CLI's progress bar, printed lines): no presentation here."""
+
+    def __init__(self, log: Callable[[str], None] | None = None):
+        self.log = log or (lambda text: None)
+
+    def started(self, name: str, count: int) -> None:
+        """Before the first configuration."""
+
+    def resumed(self, result: CapacityResult) -> None:
+        self.log(f"= {_label(result.trial)}: capacity {result.capacity} earlier ({result.search_id}), not measured again")
+
+    def launching(self, trial: Trial) -> None:
+        self.log(f"> {_label(trial)}: starting its server")
+
+    def point(self, trial: Trial, point: Point) -> None:
+        self.log(f"    {_label(trial)} at {point.load:g}: {'pass' if point.passed else 'fail'} ({point.why})")
+
+    def requests_done(self, count: int) -> None:
+        """`count` more measured requests of the running point finished."""
+
+    def finished(self, result: CapacityResult) -> None:
+        self.log(f"{result.status:>10} {_label(result.trial)}: capacity {result.capacity} {result.axis} "
+                 f"in [{result.low}, {result.high}]" + (f" ({result.reason})" if result.reason else ""))
+
+
+def _label(trial: Trial) -> str:
+    return f"{trial.chapter}/{trial.name}"
+
+
+def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
+                   fresh: bool = False, listener: Listener | None = None) -> list[CapacityResult]:
+    """The capacity of every trial of an experiment (or of `only` chapters), with resume; pre-flight first."""
+    listener = listener or Listener()
+    planned = executor.plan(path, only)
+    planned.raise_errors()
+    store = Store(db)
+    listener.started(planned.experiment.name, len(planned.verdicts))
+    results = []
+    for verdict in planned.verdicts:
+        trial = verdict.trial
+        done = None if fresh else finished_search(store, trial)
+        if done:
+            results.append(resumed_result(trial, done, store))
+            listener.resumed(results[-1])
+            continue
+        listener.launching(trial)
+        result = measure_capacity(trial, store, runs_dir, str(path), planned.machine, planned.experiment.gpu,
+                                  on_point=lambda p, t=trial: listener.point(t, p),
+                                  progress=listener.requests_done, verdict=verdict)
+        listener.finished(result)
+        results.append(result)
+    return results
+
+
+def resumed_result(trial: Trial, row: dict, store: Store) -> CapacityResult:
+    """A stored search (a `capacities` row and its points) as the result it was."""
+    pts = store.capacity_points([row["search_id"]])
+    points = [Point(int(r.point_index), float(r.offered_load), r.run_id, r.status, r.point_verdict == "pass",
+                    None if r.attainment != r.attainment else float(r.attainment), "measured earlier",
+                    {"p95_ttft_ms": r.p95_ttft_ms, "p95_tpot_ms": r.p95_tpot_ms, "request_goodput": r.request_goodput})
+              for r in pts.itertuples()] if not pts.empty else []
+    nan = lambda v: None if v is None or v != v else float(v)  # noqa: E731
+    return CapacityResult(trial, row["search_id"], row["axis"], row["status"], row.get("reason"),
+                          nan(row.get("capacity")), nan(row.get("low")), nan(row.get("high")), points,
+                          nan(row.get("start_s")), nan(row.get("measure_s")) or 0.0)

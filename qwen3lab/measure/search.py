@@ -1,0 +1,359 @@
+"""Adaptive search over launch flags: optuna suggests a configuration, qwen3lab measures it like any trial.
+
+The experiment's `search:` gives the space (dotted engine/workload keys), the objective (capacity, measured by
+`capacity.measure_capacity`, or goodput at the workload's load, measured by `runner.run_trial`), the budget
+and the sampler (TPE, random, or the grid of a space of lists; NSGA-II when two objectives are asked).
+Pre-flight judges every suggestion before a launch: what it rejects or cannot run here is stored as pruned
+with the reason and never launched. Crashes and OOMs are stored as failed and told to the sampler as the
+worst value (a configuration that does not serve has no capacity), so it steers away. Every suggestion is a
+row of `search_trials`; a study resumes from DuckDB alone: stored trials are told to a fresh optuna study,
+and a suggestion that was measured already is answered from the store, never measured again.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from qwen3lab.analysis import selection
+from qwen3lab.errors import SpecError, SpecErrors, require
+from qwen3lab.experiment import files as xp
+from qwen3lab.experiment import preflight
+from qwen3lab.experiment.spec import SEARCH_OBJECTIVES, Range, Search, Trial, stable_hash
+from qwen3lab.measure import capacity as cap
+from qwen3lab.measure import engine, runner
+from qwen3lab.store import Store
+
+MEASURED = ("complete", "failed")  # states that cost a launch and count towards the budget
+GIVE_UP_AFTER = 25  # suggestions in a row that were pruned or repeated: the feasible space is exhausted
+
+
+@dataclass
+class SearchTrial:
+    number: int
+    params: dict[str, Any]
+    state: str  # complete | pruned | failed | interrupted
+    value: float | None = None
+    value2: float | None = None
+    low: float | None = None
+    high: float | None = None
+    reason: str | None = None
+    trial_key: str | None = None
+    run_id: str | None = None
+    search_id: str | None = None
+    wall_s: float | None = None
+
+
+@dataclass
+class SearchResult:
+    study: str
+    objectives: list[str]
+    history: list[SearchTrial] = field(default_factory=list)
+    best: SearchTrial | None = None
+    best_trial: Trial | None = None
+    stopped: str = ""
+
+    def as_dict(self) -> dict:
+        best = None
+        if self.best is not None:
+            cfg = self.best_trial.engine if self.best_trial else None
+            best = {"trial": self.best_trial.name if self.best_trial else None, "params": self.best.params,
+                    "objective": self.objectives[0], "value": self.best.value,
+                    "interval": [self.best.low, self.best.high], "run_id": self.best.run_id,
+                    "search_id": self.best.search_id,
+                    "launch_command": engine.launch_command(cfg) if cfg is not None and cfg.kind == "vllm" else None}
+        return {"study": self.study, "objectives": self.objectives, "stopped": self.stopped, "best": best,
+                "history": [vars(t) for t in self.history]}
+
+
+def study_key(exp: xp.Experiment, search: Search) -> str:
+    """One study per experiment base + space + objective + sampler: the budget may change between resumes."""
+    return f"{exp.name}-" + stable_hash({
+        "engine": exp.engine, "workload": exp.workload, "slo": exp.slo,
+        "search": search.model_dump(mode="json", exclude={"budget"})})[:10]
+
+
+def distributions(search: Search) -> dict:
+    optuna = require("optuna", "pip install optuna")
+    d = optuna.distributions
+    out = {}
+    for key, values in search.space.items():
+        if isinstance(values, Range):
+            if values.whole:
+                out[key] = d.IntDistribution(int(values.low), int(values.high), log=values.log,
+                                             step=int(values.step or 1))
+            else:
+                out[key] = d.FloatDistribution(values.low, values.high, log=values.log, step=values.step)
+        else:
+            out[key] = d.CategoricalDistribution(values)
+    return out
+
+
+def grid(search: Search) -> list[dict]:
+    """Every point of a space of lists, in the written order."""
+    ranges = [k for k, v in search.space.items() if isinstance(v, Range)]
+    if ranges:
+        raise SpecError(f"search.space.{ranges[0]}", search.space[ranges[0]].model_dump(), "lists of values with "
+                        "sampler: grid", "write the values out as a list, or use sampler: tpe or random")
+    keys = list(search.space)
+    return [dict(zip(keys, values)) for values in itertools.product(*(search.space[k] for k in keys))]
+
+
+def _sampler(search: Search):
+    optuna = require("optuna", "pip install optuna")
+    if len(search.objectives) == 2:
+        return optuna.samplers.NSGAIISampler(seed=search.seed)
+    if search.sampler == "tpe":
+        # few startup trials: a search's budget is a handful of launches
+        return optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=3, multivariate=True)
+    return optuna.samplers.RandomSampler(seed=search.seed)
+
+
+def _told(search: Search, t: SearchTrial) -> list[float] | None:
+    """What the sampler is told of a measured trial: its values, the worst ones for a failure."""
+    worst = {"maximize": 0.0, "minimize": 1e9}
+    if t.state == "failed" or t.value is None:
+        return [worst[SEARCH_OBJECTIVES[o]] for o in search.objectives]
+    values = [t.value] + ([t.value2 if t.value2 is not None else worst["minimize"]] if len(search.objectives) == 2
+                          else [])
+    return values
+
+
+def _stored(store: Store, study: str) -> list[SearchTrial]:
+    import json
+
+    df = store.search_trials(study)
+    nan = lambda v: None if v is None or v != v else v  # noqa: E731
+    return [SearchTrial(int(r.number), json.loads(r.params_json), r.state, nan(r.value), nan(r.value2), nan(r.low),
+                        nan(r.high), nan(r.reason), nan(r.trial_key), nan(r.run_id), nan(r.search_id), nan(r.wall_s))
+            for r in df.itertuples()] if not df.empty else []
+
+
+def best_of(search: Search, history: list[SearchTrial]) -> SearchTrial | None:
+    done = [t for t in history if t.state == "complete" and t.value is not None]
+    if not done:
+        return None
+    sign = 1 if SEARCH_OBJECTIVES[search.objectives[0]] == "maximize" else -1
+    return max(done, key=lambda t: (sign * t.value, -t.number))
+
+
+def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path, machine, gpu_id,
+             progress) -> SearchTrial:
+    """Measure one suggested configuration for the search's objective; the state and values it earned."""
+    t0 = time.monotonic()
+    out = SearchTrial(-1, {}, "failed", trial_key=trial.key)
+    second = search.objectives[1] if len(search.objectives) == 2 else None
+    if search.objectives[0] == "capacity":
+        done = cap.finished_search(store, trial)  # measured already (qwen3lab capacity, another study): reused
+        got = cap.resumed_result(trial, done, store) if done else \
+            cap.measure_capacity(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict)
+        out.search_id = got.search_id
+        if got.status in cap.SEARCH_DONE:
+            out.state, out.value, out.low, out.high = "complete", got.capacity, got.low, got.high
+            at = [p for p in got.points if p.passed and p.load == got.low]
+            if at:
+                out.run_id = at[0].run_id
+                out.value2 = (at[0].summary or {}).get(second) if second else None
+        elif got.status == "interrupted":
+            out.state = "interrupted"
+        out.reason = got.reason
+    else:
+        done = selection.previous_run(store, trial.key, retry_failed=True, runnable_here=True)
+        if done:  # measured already (qwen3lab run, another study): its stored summary answers
+            row = store.run(done[0])
+            run_id, status, reason, summary = done[0], done[1], row.get("reason"), row.get("summary") or {}
+        else:
+            got = runner.run_trial(trial, store, runs_dir, experiment_path=path, machine=machine, gpu_id=gpu_id,
+                                   verdict=verdict, progress=progress)
+            run_id, status, reason, summary = got.run_id, got.status, got.reason, got.summary or {}
+        out.run_id, out.reason = run_id, reason
+        if status == "ok":
+            out.state, out.value = "complete", summary.get("request_goodput", 0.0)
+            out.value2 = summary.get(second) if second else None
+        elif status == "interrupted":
+            out.state = "interrupted"
+    out.wall_s = time.monotonic() - t0
+    return out
+
+
+class Listener:
+    """What `run_search` tells its caller (a progress bar, printed lines): execution imports no presentation."""
+
+    def __init__(self, log: Callable[[str], None] | None = None):
+        self.log = log or (lambda text: None)
+
+    def trial_done(self, t: SearchTrial, best: SearchTrial | None, budget_used: int) -> None:
+        value = "-" if t.value is None else f"{t.value:g}"
+        self.log(f"#{t.number} {t.state:>9} {value:>8} {t.params}" + (f" ({t.reason})" if t.reason else "")
+                 + (f"; best so far {best.value:g}" if best else ""))
+
+    def requests_done(self, n: int) -> None:
+        """n more measured requests of the configuration being measured."""
+
+
+def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | None = None,
+               budget_s: float | None = None, fresh: bool = False, listener: Listener | None = None) -> SearchResult:
+    """Run (or resume) the experiment's search until its budget is spent; every suggestion is stored."""
+    optuna = require("optuna", "pip install optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    listener = listener or Listener()
+    exp = xp.load(path)
+    if exp.search is None:
+        raise SpecError("search", None, "a search: {space, objective, budget, sampler} section",
+                        "add one (see experiments/cpu-tiny-search.yaml)", str(path))
+    search = exp.search
+    budget = (budget_trials or search.budget.trials, budget_s or search.budget.wall_time_s)
+    if budget == (None, None):
+        raise SpecError("search.budget", None, "trials: N and/or wall_time_s: T", "set a budget, or pass --budget-trials")
+    dists = distributions(search)
+    queue = grid(search) if search.sampler == "grid" else None
+    machine = preflight.Machine.local()
+    store = Store(db)
+    study_id = study_key(exp, search)
+    history = [] if fresh else _stored(store, study_id)
+    for t in history:  # a session that was stopped left its trial unfinished: it is measured again below
+        if t.state in ("running", "interrupted"):
+            t.state = "interrupted"
+            _close_stale(store, study_id, t)
+    if fresh and not store.search_trials(study_id).empty:
+        study_id += "-" + time.strftime("%Y%m%d%H%M%S")
+    directions = [SEARCH_OBJECTIVES[o] for o in search.objectives]
+    study = optuna.create_study(directions=directions, sampler=_sampler(search))
+    by_params: dict[str, SearchTrial] = {}
+    for t in history:
+        key = stable_hash(t.params)
+        if t.state in MEASURED:
+            by_params[key] = t
+            study.add_trial(optuna.trial.create_trial(params=t.params, distributions=dists, values=_told(search, t)))
+        elif t.state == "pruned":
+            by_params[key] = t
+            study.add_trial(optuna.trial.create_trial(params=t.params, distributions=dists,
+                                                      state=optuna.trial.TrialState.PRUNED))
+    if queue is not None:
+        queue = [p for p in queue if stable_hash(p) not in by_params]
+    result = SearchResult(study_id, search.objectives, list(history))
+    number = max((t.number for t in history), default=-1) + 1
+    started, idle = time.monotonic(), 0
+    while True:
+        used = sum(t.state in MEASURED for t in result.history)
+        if budget[0] is not None and used >= budget[0]:
+            result.stopped = f"budget of {budget[0]} trials spent"
+            break
+        if budget[1] is not None and time.monotonic() - started >= budget[1]:
+            result.stopped = f"budget of {budget[1]:g} s spent"
+            break
+        if queue is not None and not queue:
+            result.stopped = "every grid point done"
+            break
+        if idle >= GIVE_UP_AFTER:
+            result.stopped = f"{GIVE_UP_AFTER} suggestions in a row were pruned or measured already"
+            break
+        if queue is not None:
+            study.enqueue_trial(queue.pop(0))
+        asked = study.ask(dists)
+        params = dict(asked.params)
+        seen = by_params.get(stable_hash(params))
+        if seen is not None:  # measured (or pruned) already: answered from the store, never measured again
+            _tell(study, asked, search, seen)
+            idle += 1
+            continue
+        got = _one(exp, search, params, number, study_id, store, runs_dir, str(path), machine, listener)
+        _tell(study, asked, search, got)
+        by_params[stable_hash(params)] = got
+        result.history.append(got)
+        idle = idle + 1 if got.state == "pruned" else 0
+        number += 1
+        listener.trial_done(got, best_of(search, result.history), used + (got.state in MEASURED))
+        if got.state == "interrupted":
+            raise KeyboardInterrupt
+    result.best = best_of(search, result.history)
+    if result.best is not None:
+        result.best_trial = xp.trial_from(exp, search.chapter, result.best.params)
+    return result
+
+
+def _close_stale(store: Store, study_id: str, t: SearchTrial) -> None:
+    """A trial a stopped session left unfinished: it, and a run or capacity search of it still `running`, are
+    marked interrupted (a signal can land between a row's insert and the code that would have finished it).
+    Two searches of one study at once are not supported: the second would close the first's rows."""
+    why = "the search stopped mid-trial"
+    store.finish_search_trial(study_id, t.number, "interrupted", reason=why)
+    if t.trial_key:
+        runs = store.runs(status="running")
+        for run_id in runs[runs.trial_key == t.trial_key].run_id if not runs.empty else []:
+            store.finish_run(run_id, "interrupted", why)
+        searches = store.capacities(trial_key=t.trial_key)
+        for search_id in searches[searches.status == "running"].search_id if not searches.empty else []:
+            store.finish_capacity(search_id, "interrupted", why)
+
+
+def _tell(study, asked, search: Search, t: SearchTrial) -> None:
+    import optuna
+
+    if t.state == "pruned" or t.state == "interrupted":
+        study.tell(asked, state=optuna.trial.TrialState.PRUNED)
+    else:
+        values = _told(search, t)
+        study.tell(asked, values[0] if len(values) == 1 else values)
+
+
+def _one(exp, search: Search, params: dict, number: int, study_id: str, store: Store, runs_dir: str, path: str,
+         machine, listener: Listener) -> SearchTrial:
+    """Judge a suggestion before any launch (pruned when infeasible), then measure it; stored either way."""
+    base = dict(study=study_id, number=number, experiment=exp.name, params_json=params)
+    try:
+        trial = xp.trial_from(exp, search.chapter, params)
+        verdict = preflight.check(trial, machine, exp.gpu)
+        why = "; ".join(str(e) for e in verdict.errors) or verdict.skip
+    except SpecErrors as exc:
+        trial, verdict, why = None, None, "; ".join(str(e) for e in exc.errors)
+    if why:
+        out = SearchTrial(number, params, "pruned", reason=f"pre-flight: {why}",
+                          trial_key=trial.key if trial else None)
+        store.add_search_trial(**base, state="pruned", reason=out.reason, trial_key=out.trial_key,
+                               trial=trial.name if trial else xp.override_name(params))
+        store.finish_search_trial(study_id, number, "pruned")
+        return out
+    store.add_search_trial(**base, state="running", trial_key=trial.key, trial=trial.name,
+                           config_hash=trial.engine.config_hash())
+    got = SearchTrial(number, params, "interrupted", reason="stopped by the user", trial_key=trial.key)
+    try:
+        got = _measure(search, trial, verdict, store, runs_dir, path, machine, exp.gpu, listener.requests_done)
+        got.number, got.params = number, params
+    finally:
+        store.finish_search_trial(study_id, number, got.state, value=got.value, value2=got.value2, low=got.low,
+                                  high=got.high, reason=got.reason, run_id=got.run_id, search_id=got.search_id,
+                                  wall_s=got.wall_s)
+    return got
+
+
+def importances(trials, maximize: bool = True) -> dict[str, float]:
+    """optuna's parameter importance (fANOVA) over a study's stored rows (`store.search_trials`): which
+    flags moved the objective. Empty with fewer than three measured trials or nothing to attribute."""
+    import json
+
+    optuna = require("optuna", "pip install optuna")
+    done = trials[trials.state == "complete"].dropna(subset=["value"]) if not trials.empty else trials
+    if len(done) < 3:
+        return {}
+    params = [json.loads(p) for p in done.params_json]
+    dists = {}
+    for key in params[0]:
+        values = [p.get(key) for p in params]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            if min(values) < max(values):
+                dists[key] = optuna.distributions.FloatDistribution(float(min(values)), float(max(values)))
+        elif len({json.dumps(v) for v in values}) > 1:
+            dists[key] = optuna.distributions.CategoricalDistribution(sorted({v for v in values}, key=str))
+    if not dists:
+        return {}
+    study = optuna.create_study(direction="maximize" if maximize else "minimize")
+    for p, value in zip(params, done.value):
+        study.add_trial(optuna.trial.create_trial(params={k: p[k] for k in dists}, distributions=dists,
+                                                  value=float(value)))
+    try:
+        return dict(optuna.importance.get_param_importances(study))
+    except (RuntimeError, ValueError, ZeroDivisionError):
+        return {}  # every trial had the same value: nothing to attribute

@@ -1,0 +1,109 @@
+"""The capacity chapter: the capacity of an experiment's baseline and its leading candidates (by goodput under
+the SLOs in their stored runs), each on one server (capacity.measure_capacity, with resume), and their load
+curves. The notebook is 95_capacity; `qwen3lab capacity` measures the same for every trial."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+import pandas as pd
+
+from qwen3lab.analysis import selection
+from qwen3lab.errors import SpecError
+from qwen3lab.experiment.spec import Capacity
+from qwen3lab.measure import capacity as cap
+from qwen3lab.measure import executor
+from qwen3lab.store import Store
+from qwen3lab.workbook.chapter import setup_plotly
+
+SLO_OF_METRIC = {"p95_ttft_ms": ("ttft_p95_ms", "ttft_ms"), "p95_tpot_ms": ("tpot_p95_ms", "tpot_ms"),
+                 "p99_e2el_ms": ("e2el_p99_ms", "e2el_ms")}
+
+
+@dataclass
+class CapacityChapter:
+    store: Store
+    picked: pd.DataFrame  # chapter, trial, why (baseline or rank by goodput)
+    results: list[cap.CapacityResult]
+    slo: dict
+
+    def table(self) -> pd.DataFrame:
+        """One row per configuration, ranked by capacity (the largest load within the SLOs)."""
+        rows = [{"chapter": r.trial.chapter, "trial": r.trial.name, "why": w, "status": r.status, "axis": r.axis,
+                 "capacity": r.capacity, "last pass": r.low, "first fail": r.high, "points": len(r.points),
+                 "start_s": r.start_s, "search_id": r.search_id}
+                for r, w in zip(self.results, self.picked.why)]
+        df = pd.DataFrame(rows)
+        return df.sort_values("capacity", ascending=False, na_position="last").reset_index(drop=True) if rows else df
+
+    def searches(self) -> pd.DataFrame:
+        df = self.store.capacities()
+        return df[df.search_id.isin([r.search_id for r in self.results])] if not df.empty else df
+
+    def points(self) -> pd.DataFrame:
+        return self.store.capacity_points([r.search_id for r in self.results])
+
+    def limit(self, metric: str) -> float | None:
+        """The SLO line of a load-curve metric (the attainment floor for attainment)."""
+        if metric == "attainment":
+            specs = [r.trial.workload.capacity or Capacity() for r in self.results]
+            return specs[0].min_attainment if specs else None
+        return next((self.slo[k] for k in SLO_OF_METRIC.get(metric, ()) if self.slo.get(k)), None)
+
+
+def pick(planned: executor.Plan, store: Store, top: int, trials: list[str] | None) -> list[tuple[object, str]]:
+    """(verdict, why) of the baseline and the `top` trials with the highest stored goodput; or `trials` by name."""
+    verdicts = [v for v in planned.verdicts if v.ok]
+    if trials:
+        by_name = {v.trial.name: v for v in verdicts}
+        missing = [t for t in trials if t not in by_name]
+        if missing:
+            raise SpecError("trials", missing, ", ".join(by_name), "name trials of this experiment that can run here")
+        return [(by_name[t], "asked for") for t in trials]
+    base = next((v for v in verdicts if v.trial.chapter == "baseline"), verdicts[0] if verdicts else None)
+    out = [(base, "baseline")] if base else []
+    runs = store.runs(experiment=planned.experiment.name, status="ok")
+    if not runs.empty:
+        runs = selection.current(runs[runs.search_id.isna()]) if "search_id" in runs else selection.current(runs)
+        ranked = runs.sort_values("request_goodput", ascending=False)
+        keys = {v.trial.key: v for v in verdicts}
+        for key in ranked.trial_key:
+            v = keys.get(key)
+            if v is not None and all(v is not chosen for chosen, _ in out) and len(out) < top + 1:
+                out.append((v, f"goodput rank {len(out)}"))
+    return out
+
+
+def capacity_chapter(experiment: str | os.PathLike, db: str, runs_dir: str = "runs", top: int = 2,
+                     trials: list[str] | None = None, requests_per_point: int | None = None,
+                     max_points: int | None = None, log=print) -> CapacityChapter:
+    """Measure (or resume) the capacity of the baseline and the leading candidates; see the module docstring."""
+    setup_plotly()
+    planned = executor.plan(experiment)
+    planned.raise_errors()
+    store = Store(db)
+    chosen = pick(planned, store, top, trials)
+    results, whys = [], []
+    for verdict, why in chosen:
+        trial = verdict.trial
+        spec = trial.workload.capacity or Capacity()
+        update = {k: v for k, v in (("requests_per_point", requests_per_point), ("max_points", max_points)) if v}
+        if update:
+            spec = spec.model_copy(update=update)
+        trial = trial.model_copy(update={"workload": trial.workload.model_copy(update={"capacity": spec})})
+        verdict = dataclasses.replace(verdict, trial=trial)
+        done = cap.finished_search(store, trial)
+        if done:
+            result = cap.resumed_result(trial, done, store)
+        else:
+            log(f"> {trial.chapter}/{trial.name} ({why}): measuring its capacity")
+            result = cap.measure_capacity(trial, store, runs_dir, str(experiment), planned.machine,
+                                          planned.experiment.gpu, verdict=verdict)
+        log(f"{result.status:>10} {trial.chapter}/{trial.name}: capacity {result.capacity} {result.axis}")
+        results.append(result)
+        whys.append(why)
+    picked = pd.DataFrame({"chapter": [r.trial.chapter for r in results], "trial": [r.trial.name for r in results],
+                           "why": whys})
+    return CapacityChapter(store, picked, results, json.loads(json.dumps(planned.experiment.slo)))

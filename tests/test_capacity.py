@@ -1,0 +1,219 @@
+"""Capacity: the load-axis search (pure), then real capacity searches on real vLLM servers, one per configuration."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from qwen3lab.experiment import files as xp
+from qwen3lab.experiment.spec import Capacity, Workload
+from qwen3lab.measure import capacity as cap
+
+from .conftest import REPO, TINY, vllm_processes
+
+
+def _search(spec: Capacity, truth: float, start: float = 1.0) -> list[tuple[float, bool]]:
+    """Run next_load against a configuration whose true capacity is `truth`."""
+    points: list[tuple[float, bool]] = []
+    while (load := cap.next_load(points, spec, start)) is not None:
+        points.append((load, load <= truth))
+    return points
+
+
+@pytest.mark.parametrize("truth", [0.3, 1.0, 3.7, 7.3, 50.0])
+def test_rate_search_doubles_then_bisects_to_the_tolerance(truth):
+    spec = Capacity(axis="request_rate", tolerance=0.05, max_points=16)
+    points = _search(spec, truth)
+    loads = [load for load, _ in points]
+    first_fail = next(i for i, (_, ok) in enumerate(points) if not ok)
+    assert loads[:first_fail + 1] == [2.0 ** i for i in range(first_fail + 1)] or loads[0] > truth
+    low, high = cap.bracket(points)
+    assert high is not None and high > truth
+    assert low is None or (low <= truth and (high - low) / high <= spec.tolerance)
+
+
+def test_concurrency_search_stays_on_whole_numbers_and_stops_at_adjacent_ones():
+    spec = Capacity(axis="concurrency", tolerance=0.01, max_points=16)
+    points = _search(spec, truth=11)
+    assert all(float(load).is_integer() for load, _ in points)
+    assert cap.bracket(points) == (11, 12)
+
+
+def test_max_points_bounds_the_search_and_no_failure_leaves_it_unbounded():
+    spec = Capacity(axis="request_rate", max_points=4)
+    points = _search(spec, truth=1e9)
+    assert [load for load, _ in points] == [1.0, 2.0, 4.0, 8.0]
+    assert cap.bracket(points) == (8.0, None)
+
+
+def test_point_workload_opens_the_other_axis_and_gives_each_point_its_own_seed():
+    base = Workload(num_requests=50, concurrency=16, seed=3, capacity=Capacity(axis="request_rate", requests_per_point=20))
+    a = cap.point_workload(base, base.capacity, 4.0, 0, fresh_seed=True)
+    b = cap.point_workload(base, base.capacity, 4.0, 1, fresh_seed=True)
+    assert (a.request_rate, a.concurrency, a.num_requests, a.capacity) == (4.0, None, 20, None)
+    assert a.seed != b.seed
+    assert cap.point_workload(base, base.capacity, 4.0, 1, fresh_seed=False).seed == base.seed
+
+
+def _record(i: int, ttft: float | None, error: str | None = None):
+    from qwen3lab.measure.loadgen import RequestRecord
+
+    return RequestRecord(i, "q", 64, 16, False, False, ttft=ttft, e2el=None if ttft is None else ttft + 0.3,
+                         chunk_times=[] if ttft is None else [ttft] * 16, output_tokens=16, error=error)
+
+
+def test_a_point_fails_early_once_too_many_requests_missed_and_on_an_open_loop_queue():
+    from qwen3lab.experiment.spec import SLO
+
+    spec = Capacity(axis="request_rate", min_attainment=0.9, saturation_waiting=10)
+    judge = cap.PointJudge(spec, SLO(ttft_ms=100), planned=20)  # 2 misses of 20 allowed
+    records = [_record(0, 0.05), _record(1, 0.5), _record(2, None, "HTTP 500"), _record(3, 0.05), _record(4, 0.2)]
+    for i, rec in enumerate(records):
+        judge.add(rec)
+        assert judge.stop([]) == (i == 4)  # the third miss decides it: failures count as misses
+    assert "3 of 20" in judge.early
+    queue = cap.PointJudge(spec, SLO(ttft_ms=100), planned=20)
+    assert not queue.stop([(0.0, "vllm", "vllm:num_requests_waiting", 9.0)])
+    assert queue.stop([(1.0, "vllm", "vllm:num_requests_waiting", 12.0)]) and "saturated" in queue.early
+    closed = cap.PointJudge(spec.model_copy(update={"axis": "concurrency"}), SLO(ttft_ms=100), planned=20)
+    assert not closed.stop([(1.0, "vllm", "vllm:num_requests_waiting", 12.0)])  # bounded by the cap
+
+
+def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"name": "bad", "engine": TINY, "workload": {"capacity": {"axis": "qps"}},
+                                    "trials": [{"name": "a"}]}))
+    with pytest.raises(Exception) as got:
+        xp.expand(xp.load(path))
+    assert "workload.capacity.axis" in str(got.value) and "request_rate" in str(got.value)
+
+
+# Prompts of 64 tokens, 128 generated. With max_num_seqs 4, a fifth request in flight waits for a whole
+# 128-token generation before its first token (seconds on a CPU), while with vLLM's defaults every request
+# is scheduled at once and only prefill sits before its first token (tens of ms): a 1 s TTFT target parts them.
+EXPERIMENT = {
+    "name": "cap-test", "gpu": "cpu", "engine": TINY,
+    "workload": {"mix": [{"name": "q", "prompt_tokens": 64, "output_tokens": 128}], "num_requests": 12,
+                 "capacity": {"axis": "concurrency", "start": 2, "min_attainment": 0.9, "tolerance": 0.3,
+                              "max_points": 5, "requests_per_point": 12, "warmup_per_point": 1}},
+    "slo": {"ttft_ms": 1000},
+    "trials": [{"name": "max-num-seqs-4", "engine.max_num_seqs": 4}, {"name": "vllm-defaults"}],
+}
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """Both configurations' capacity searches, measured once in this process, with what each point saw."""
+    from qwen3lab.store import Store
+
+    tmp = tmp_path_factory.mktemp("capacity")
+    path = tmp / "cap.yaml"
+    path.write_text(yaml.safe_dump(EXPERIMENT, sort_keys=False))
+    store = Store(tmp / "cap.duckdb")
+    seen: dict[str, list] = {}
+    results = {}
+    for trial in xp.expand(xp.load(path)):
+        box: dict = {}
+        seen[trial.name] = []
+
+        def on_point(point, box=box, name=trial.name):
+            procs = vllm_processes()
+            seen[name].append((box["server"].process.pid, box["server"].alive(), len({p.pid for p in procs})))
+
+        results[trial.name] = cap.measure_capacity(trial, store, tmp / "runs", str(path), gpu_id="cpu",
+                                                   on_point=on_point, on_server=lambda s, box=box: box.update(server=s))
+    assert not vllm_processes(), "a server outlived its search"
+    return path, store, results, seen
+
+
+def test_one_real_server_serves_every_point_of_a_configuration(searched):
+    _, store, results, seen = searched
+    for name, result in results.items():
+        assert result.status in cap.SEARCH_DONE, (name, result.status, result.reason)
+        assert len(result.points) >= 3
+        pids = {pid for pid, _, _ in seen[name]}
+        assert len(pids) == 1 and all(alive for _, alive, _ in seen[name]), seen[name]
+        row = store.capacities(trial_key=result.trial.key).iloc[0]
+        assert row.server_starts == 1 and row.points == len(result.points)
+        points = store.capacity_points([result.search_id])
+        assert list(points.point_index) == list(range(len(result.points)))
+        assert set(points.search_id) == {result.search_id} and points.log_path.nunique() == 1
+        log = open(points.log_path.iloc[0]).read()
+        assert log.count("# qwen3lab exec:") == 1  # launched once for all of its points
+        assert (points.status == "ok").all() and (points.completed > 0).all()
+
+
+def test_bisection_on_a_real_server_lands_between_last_pass_and_first_fail(searched):
+    _, store, results, _ = searched
+    result = results["max-num-seqs-4"]
+    assert result.status == "ok", result.reason
+    passes = [p.load for p in result.points if p.passed]
+    fails = [p.load for p in result.points if not p.passed]
+    assert result.capacity == result.low == max(x for x in passes if x < min(fails))
+    assert result.high == min(fails) and result.low < result.high
+    assert (result.high - result.low) / result.high <= 0.3 or result.high - result.low == 1
+    stored = store.capacity_points([result.search_id])
+    assert list(stored.point_verdict) == ["pass" if p.passed else "fail" for p in result.points]
+    assert all(0 <= a <= 1 for a in stored.attainment)
+
+
+def test_max_num_seqs_4_has_a_lower_capacity_than_vllm_defaults(searched):
+    _, _, results, _ = searched
+    small, defaults = results["max-num-seqs-4"], results["vllm-defaults"]
+    assert small.capacity is not None and defaults.capacity is not None
+    assert small.capacity < defaults.capacity, (small.as_dict(), defaults.as_dict())
+
+
+def test_cli_capacity_resumes_and_prints_json(searched):
+    path, store, results, _ = searched
+    got = subprocess.run([sys.executable, "-m", "qwen3lab.cli", "capacity", str(path), "--db", store.path, "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert got.returncode == 0, got.stderr
+    rows = {r["trial"]: r for r in json.loads(got.stdout)}
+    for name, result in results.items():
+        assert rows[name]["search_id"] == result.search_id  # resumed: nothing was measured again
+        assert rows[name]["capacity"] == result.capacity and rows[name]["axis"] == "concurrency"
+        assert rows[name]["interval"] == [result.low, result.high]
+        assert [p["load"] for p in rows[name]["points"]] == [p.load for p in result.points]
+    assert len(store.capacities()) == 2
+
+
+def test_capacity_page_ranks_configurations_by_capacity(searched, monkeypatch):
+    pytest.importorskip("streamlit")
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    _, store, results, _ = searched
+    monkeypatch.setenv("QWEN3LAB_DB", store.path)
+    st.cache_data.clear()
+    at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("views/capacity.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    want = sorted(results.values(), key=lambda r: -r.capacity)
+    assert list(table.trial) == [r.trial.name for r in want]
+    assert list(table.capacity) == [r.capacity for r in want]
+    assert len(at.get("plotly_chart")) >= 1
+
+
+def test_capacity_notebook_resumes_the_stored_searches_and_draws_load_curves(searched, tmp_path, monkeypatch):
+    import nbformat
+    import papermill as pm
+
+    path, store, results, _ = searched
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    out = tmp_path / "95.out.ipynb"
+    pm.execute_notebook(str(REPO / "notebooks" / "95_capacity.ipynb"), str(out), kernel_name="python3",
+                        cwd=str(REPO), progress_bar=False,
+                        parameters={"experiment": str(path), "db": store.path, "runs_dir": str(tmp_path / "runs"),
+                                    "trials": list(results), "requests_per_point": None})
+    nb = nbformat.read(out, as_version=4)
+    text = "\n".join(str(o.get("data", o.get("text", ""))) for c in nb.cells for o in c.get("outputs", []))
+    assert "application/vnd.plotly.v1+json" in text
+    assert len(store.capacities()) == 2  # resumed: nothing measured again
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,124 @@
+"""Adaptive search: infeasible suggestions never launch; a search stopped by SIGTERM resumes and re-runs nothing finished."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+
+from qwen3lab.experiment import files as xp
+from qwen3lab.measure import search as se
+from qwen3lab.store import Store
+
+from .conftest import REPO, TINY
+
+
+def _experiment(tmp_path, space, **search) -> str:
+    doc = {"name": "search-test", "gpu": "cpu", "engine": TINY,
+           "workload": {"num_requests": 8, "mix": "fixed-128", "concurrency": 4, "warmup_requests": 1},
+           "slo": {"ttft_ms": 5000},
+           "search": {"space": space, "objective": "goodput", "sampler": "grid", "budget": {"trials": 2}, **search}}
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def test_infeasible_suggestions_are_stored_as_pruned_and_never_launched(tmp_path):
+    # The tiny Qwen3 allows 40960 positions without YaRN, and a KV block must be a multiple of 16: pre-flight
+    # refuses all four points, so no server may start and no run row may be written.
+    path = _experiment(tmp_path, {"engine.max_model_len": [65536, 131072], "engine.block_size": [32, 40]})
+    store = Store(tmp_path / "s.duckdb")
+    result = se.run_search(path, store.path, str(tmp_path / "runs"))
+    assert [t.state for t in result.history] == ["pruned"] * 4 and result.best is None
+    assert "every grid point" in result.stopped
+    assert all("max_model_len" in t.reason or "block_size" in t.reason for t in result.history)
+    assert store.runs().empty and store.capacities().empty and not (tmp_path / "runs").exists()
+    stored = store.search_trials(result.study)
+    assert list(stored.state) == ["pruned"] * 4 and stored.reason.str.startswith("pre-flight").all()
+
+
+def test_a_search_space_with_a_bad_key_is_refused_before_anything_runs(tmp_path):
+    path = _experiment(tmp_path, {"max_num_seqs": [4, 8]})
+    with pytest.raises(Exception) as got:
+        xp.load(path)
+    assert "search.space" in str(got.value) and "engine.FIELD" in str(got.value)
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (got := predicate()) is not None:
+            return got
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigterm_mid_search_then_resume_reruns_nothing_finished(tmp_path):
+    # Grid order: seqs 4 (measured), seqs 4 at 131072 (pruned), seqs 8 (SIGTERM while it runs), ...
+    path = _experiment(tmp_path, {"engine.max_num_seqs": [4, 8, 16], "engine.max_model_len": [2048, 131072]})
+    db = str(tmp_path / "s.duckdb")
+    store = Store(db)
+    cmd = [sys.executable, "-m", "qwen3lab.cli", "search", path, "--db", db, "--runs-dir", str(tmp_path / "runs"),
+           "--json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def second_running():
+            df = store.search_trials()
+            if df.empty or not (df.state == "complete").any():
+                return None
+            running = df[(df.state == "running") & (df.number > df[df.state == "complete"].number.min())]
+            return None if running.empty else df
+        first = _wait(second_running, 900, "the first trial to finish and the next to start")
+        family = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, "the interrupted trial's server outlived the search"
+    done = first[first.state == "complete"].iloc[0]
+    stopped = store.search_trials()
+    assert "interrupted" in set(stopped.state) and "running" not in set(stopped.state)
+
+    got = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert got.returncode == 0, got.stderr[-3000:]
+    result = json.loads(got.stdout)
+    history = {h["number"]: h for h in result["history"]}
+    assert history[int(done.number)]["run_id"] == done.run_id  # the finished trial kept its run
+    runs = store.runs()
+    measured = runs[runs.status == "ok"]
+    assert measured.trial_key.value_counts().max() == 1  # nothing finished was measured twice
+    # The signal lands before or after the interrupted trial's run row is written: either way none is left running.
+    assert len(measured) == 2 and set(runs.status) <= {"ok", "interrupted"}
+    assert [h["state"] for h in result["history"]].count("complete") == 2
+    assert result["best"]["value"] == max(h["value"] for h in result["history"] if h["state"] == "complete")
+    assert result["best"]["launch_command"] and "--max-num-seqs" in result["best"]["launch_command"]
+
+
+def test_capacity_page_shows_a_search_history_with_its_pruned_points(tmp_path, monkeypatch):
+    pytest.importorskip("streamlit")
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    path = _experiment(tmp_path, {"engine.max_model_len": [65536, 131072]})
+    store = Store(tmp_path / "s.duckdb")
+    se.run_search(path, store.path, str(tmp_path / "runs"))
+    store.begin_run(trial="placeholder", status="skipped")  # the dashboard lists runs first; a search-only DB has none
+    monkeypatch.setenv("QWEN3LAB_DB", store.path)
+    st.cache_data.clear()
+    at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("views/capacity.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "2 pruned" in "\n".join(c.value for c in at.caption)
+    assert len(at.get("plotly_chart")) == 1  # the history; no importance without three measured trials
