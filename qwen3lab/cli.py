@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qwen3lab.errors import Qwen3LabError, SpecErrors
+from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.store import DEFAULT_DB
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -29,6 +29,9 @@ def _fail(exc: Exception) -> None:
         err.print(f"[bold red]{len(exc.errors)} problem(s); nothing was launched:[/]")
         for e in exc.errors:
             err.print(f" - {e}", markup=False, highlight=False)
+    elif isinstance(exc, SpecError):
+        err.print("[bold red]1 problem; nothing was launched:[/]")
+        err.print(f" - {exc}", markup=False, highlight=False)
     else:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
     raise typer.Exit(2)
