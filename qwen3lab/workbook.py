@@ -157,6 +157,9 @@ class ChapterRun:
         errors = [e for v in self.verdicts for e in v.errors]
         if errors:
             raise SpecErrors(errors)
+        for r in self.store.recover():  # runs another qwen3lab left `running` when it was killed
+            log(f"! recovered run {r['run_id']}: {r['requests_recovered']} measured requests stored from its "
+                f"spool, status {r['status']}")
         launched = 0
         self.results = []
         for trial, verdict in zip(self.trials, self.verdicts):

@@ -23,7 +23,9 @@ from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
 from qwen3lab.experiment.spec import Trial
-from qwen3lab.store import Store
+from qwen3lab.spool import SPOOL_NAME, Spool
+from qwen3lab.store import HEARTBEAT_S, Owner, Store, finish_fields, new_run_id, request_row
+from qwen3lab.store import now as store_now
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
 FLUSH_EVERY_S = 2.0
@@ -57,13 +59,17 @@ def git_commit(path: str | None) -> str | None:
 
 
 class _Flusher:
-    """Collects finished records from the event loop and writes them from a thread every few seconds."""
+    """Collects finished records from the event loop and writes them from a thread every few seconds:
+    to the run's spool first (fsync'ed), then to DuckDB. A refused DuckDB write is noted, not fatal: the rows
+    are safe in the spool, and the end of the trial (or the next start) ingests them."""
 
-    def __init__(self, store: Store, run_id: str, progress: Callable[[int], None] | None):
-        self.store, self.run_id, self.progress = store, run_id, progress
+    def __init__(self, store: Store, spool: Spool, run_id: str, progress: Callable[[int], None] | None):
+        self.store, self.spool, self.run_id, self.progress = store, spool, run_id, progress
         self.pending: list[RequestRecord] = []
         self.written = 0
+        self.store_error: str | None = None
         self.lock = threading.Lock()
+        self.write_lock = threading.Lock()  # the loop and a final flush never append the same batch twice
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-flush")
 
@@ -74,15 +80,27 @@ class _Flusher:
             self.progress(1)
 
     def flush(self) -> None:
-        with self.lock:
-            batch, self.pending = self.pending, []
-        if batch:
-            self.store.add_requests(self.run_id, batch)
+        with self.write_lock:
+            with self.lock:
+                batch, self.pending = self.pending, []
+            if not batch:
+                return
+            rows = [request_row(r) for r in batch]
+            try:
+                self.spool.add_requests(rows)
+            except OSError:
+                with self.lock:  # not safe anywhere yet: keep them for the next try
+                    self.pending[:0] = batch
+                raise
             self.written += len(batch)
+            self.store_error = _try_store(self.store.add_requests, self.run_id, rows) or self.store_error
 
     def _loop(self) -> None:
         while not self.stop.wait(FLUSH_EVERY_S):
-            self.flush()
+            try:
+                self.flush()
+            except OSError:
+                pass  # the spool's disk is full too: the records stay in memory, the final flush says so
 
     def __enter__(self):
         self.thread.start()
@@ -92,6 +110,36 @@ class _Flusher:
         self.stop.set()
         self.thread.join()
         self.flush()
+
+
+def _try_store(write, *args, **kwargs) -> str | None:
+    """Run one DuckDB write; the error as text when DuckDB refuses it (disk full, file held elsewhere)."""
+    try:
+        write(*args, **kwargs)
+        return None
+    except Exception as exc:  # noqa: BLE001 - duckdb.IOException, StoreError (lock), OSError: the spool has it
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+class _Heartbeat:
+    """Marks the run row as owned by a live process every HEARTBEAT_S (see store.owner_alive)."""
+
+    def __init__(self, store: Store, run_id: str):
+        self.store, self.run_id = store, run_id
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-heartbeat")
+
+    def _loop(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            _try_store(self.store.heartbeat, self.run_id)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
 
 
 def _chat_template_tokens(server: engine.Server, trial: Trial) -> int:
@@ -143,6 +191,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
               progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
               ready_timeout_s: float = 900.0, gpu_id: str | None = None) -> TrialResult:
     """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial."""
+    entered = store_now()  # a run of this trial begun after this moment by another qwen3lab: not run twice
     probe = hardware.probe()
     machine = machine or preflight.Machine.local()
     verdict = preflight.check(trial, machine, gpu_id)
@@ -157,23 +206,34 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
         run_id = store.begin_run(status="skipped", reason=verdict.skip, **fields)
         store.finish_run(run_id, "skipped", verdict.skip)
         return TrialResult(trial, run_id, "skipped", verdict.skip)
-    run_id = store.begin_run(**fields)
+    run_id = new_run_id()
     log_path = Path(runs_dir) / run_id / "server.log"
-    store.update_run(run_id, log_path=str(log_path))
+    spool = Spool(log_path.parent / SPOOL_NAME)
+    claim = store.claim_run(fields.pop("trial_key"), entered, Owner.me(), run_id=run_id, log_path=str(log_path),
+                            spool_path=str(spool.path), **fields)
+    if claim.run_id is None:
+        return TrialResult(trial, str(claim.held_by["run_id"]), "held", claim.reason)
+    with _Heartbeat(store, run_id):
+        return _measure_trial(trial, store, run_id, log_path, spool, fields, progress, log, ready_timeout_s)
+
+
+def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spool: Spool, fields: dict,
+                   progress, log, ready_timeout_s: float) -> TrialResult:
     # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
     sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,
                           visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
     status, reason, summary, extra = "failed", None, None, {}
+    store_errors: list[str | None] = []
+    flusher = _Flusher(store, spool, run_id, progress)
     try:
-        with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server, \
-                _Flusher(store, run_id, progress) as flusher:
+        with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server, flusher:
             build = server.build
             extra |= {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
                       or (build.vllm_version if build else None),
                       "torch_version": build.torch_version if build else None,
                       "python_executable": build.python if build else None,
                       "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
-            store.update_run(run_id, **extra)
+            store_errors.append(_try_store(store.update_run, run_id, **extra))
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
             template = _chat_template_tokens(server, trial)
@@ -191,7 +251,8 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
             summary |= sampler.summary() if sampler.samples else {}
             samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
-            store.add_samples(run_id, samples)
+            spool.add_samples(samples)
+            store_errors.append(_try_store(store.add_samples, run_id, samples))
             extra |= {"client_cpu_s": result.client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
             if not server.alive():
                 status, reason = server.death()
@@ -215,8 +276,28 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
         sampler.stop()
         if sampler.why_not:
             extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
-        store.finish_run(run_id, status, reason, summary, **extra)
+        reason = _store_final(store, spool, run_id, finish_fields(status, reason, summary, **extra),
+                              [e for e in (*store_errors, flusher.store_error) if e], log)
     return TrialResult(trial, run_id, status, reason, summary)
+
+
+def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: list[str], log) -> str | None:
+    """The run's last fields, spooled and then stored; rows DuckDB refused during the load are ingested first.
+    When DuckDB still refuses, the row stays `running` under this process: the next start finishes it from
+    the spool (Store.recover). Returns the reason to report."""
+    try:
+        spool.finish(final)
+    except OSError as exc:  # its disk is full too: DuckDB may still take the row
+        log(f"could not append the run's end to {spool.path}: {exc}")
+    error = (_try_store(store.ingest_spool, run_id, spool.path) if refused else None) \
+        or _try_store(store.update_run, run_id, **final, spool_path=None)
+    if error is None:
+        spool.remove()
+        return final["reason"]
+    note = (f"DuckDB refused the run's writes ({error}); everything measured is kept in {spool.path} and is "
+            "stored by the next qwen3lab start")
+    log(note)
+    return f"{final['reason']}; {note}" if final["reason"] else note
 
 
 def _first_error(records: list[RequestRecord]) -> str:
@@ -268,6 +349,9 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
     if errors:
         raise SpecErrors(errors)
     store = Store(db)
+    for r in store.recover():
+        console.print(f"[yellow]recovered run {r['run_id']}[/]: its qwen3lab stopped without finishing it; "
+                      f"{r['requests_recovered']} measured requests stored from its spool, status {r['status']}")
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bar:
@@ -285,7 +369,7 @@ def run_experiment(path: str | Path, db: str, only: list[str] | None = None, run
                                machine=machine, progress=lambda n, t=task: bar.advance(t, n), gpu_id=exp.gpu,
                                log=bar.console.print)
             bar.remove_task(task)
-            colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
+            colour = {"ok": "green", "skipped": "yellow", "held": "yellow"}.get(result.status, "red")
             bar.console.print(f"[{colour}]{result.status:>8}[/] {label}" + (f": {result.reason}" if result.reason else ""))
             results.append(result)
             bar.advance(overall)
