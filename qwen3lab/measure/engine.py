@@ -112,6 +112,16 @@ def _die_with_parent() -> None:
     os.setsid()
 
 
+def _auth_headers(config: EngineConfig) -> dict[str, str]:
+    """A server launched with --api-key (or VLLM_API_KEY) wants it on every /v1 request, as a bearer token."""
+    args = config.extra_args
+    key = next((a.split("=", 1)[1] for a in args if a.startswith("--api-key=")), None)
+    if key is None and "--api-key" in args and args.index("--api-key") + 1 < len(args):
+        key = args[args.index("--api-key") + 1]
+    key = key or config.env.get("VLLM_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def exec_argv(config: EngineConfig, port: int, build: Build, host: str = "127.0.0.1") -> list[str]:
     """The argv actually executed: numactl prefix, the build's python, vLLM's entry point, flags."""
     model = resolve_model_path(config.model)
@@ -287,7 +297,7 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
                               str(log_path)) from exc
     server = Server(base_url=f"http://127.0.0.1:{port}", model_name=config.served_model_name or resolve_model_path(config.model),
                     launch_command=config.to_shell(), exec_argv=argv, log_path=log_path, process=proc,
-                    port=port, build=build)
+                    port=port, build=build, headers=_auth_headers(config))
     _LIVE.add(server)
     try:
         _wait_ready(server, ready_timeout_s)

@@ -23,6 +23,7 @@ from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
 from qwen3lab.experiment.spec import Trial
+from qwen3lab.redact import Redactor
 from qwen3lab.spool import SPOOL_NAME, Spool
 from qwen3lab.store import HEARTBEAT_S, Owner, Store, finish_fields, new_run_id, request_row
 from qwen3lab.store import now as store_now
@@ -197,11 +198,13 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
     verdict = preflight.check(trial, machine, gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
+    hide = Redactor(trial.engine)  # secret values never reach the store, the spool or the kept log
     fields = _provenance(trial, experiment_path, notebook_path, probe)
     fields["info_json"] = {"qwen3lab_version": __version__, "preflight_notes": verdict.notes, "plan": verdict.plan,
                            "machine": probe}
     if verdict.plan:
         fields["planner_kv_tokens"] = verdict.plan.get("kv_capacity_tokens")
+    fields = hide(fields)
     if verdict.skip:
         run_id = store.begin_run(status="skipped", reason=verdict.skip, **fields)
         store.finish_run(run_id, "skipped", verdict.skip)
@@ -214,11 +217,11 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
     if claim.run_id is None:
         return TrialResult(trial, str(claim.held_by["run_id"]), "held", claim.reason)
     with _Heartbeat(store, run_id):
-        return _measure_trial(trial, store, run_id, log_path, spool, fields, progress, log, ready_timeout_s)
+        return _measure_trial(trial, store, run_id, log_path, spool, fields, progress, log, ready_timeout_s, hide)
 
 
 def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spool: Spool, fields: dict,
-                   progress, log, ready_timeout_s: float) -> TrialResult:
+                   progress, log, ready_timeout_s: float, hide: Redactor) -> TrialResult:
     # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
     sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,
                           visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
@@ -233,7 +236,7 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
                       "torch_version": build.torch_version if build else None,
                       "python_executable": build.python if build else None,
                       "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
-            store_errors.append(_try_store(store.update_run, run_id, **extra))
+            store_errors.append(_try_store(store.update_run, run_id, **hide(extra)))
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
             template = _chat_template_tokens(server, trial)
@@ -276,7 +279,8 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
         sampler.stop()
         if sampler.why_not:
             extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
-        reason = _store_final(store, spool, run_id, finish_fields(status, reason, summary, **extra),
+        hide.file(log_path)
+        reason = _store_final(store, spool, run_id, hide(finish_fields(status, reason, summary, **extra)),
                               [e for e in (*store_errors, flusher.store_error) if e], log)
     return TrialResult(trial, run_id, status, reason, summary)
 
