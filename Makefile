@@ -29,7 +29,11 @@ demo: install
 	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --only baseline --only scheduler --db $(DB)
 	$(BIN)/qwen3lab runs --db $(DB)
 
+# The browser tests drive Debian's Chromium through Playwright (no browser download): installed here as .ci/run
+# does; where apt-get cannot run (not root, not Debian) they are skipped, and this says so.
 test: install
+	-@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+		>/dev/null 2>&1 || echo "Chromium not installed (apt-get install chromium): the dashboard browser tests will be skipped"
 	$(BIN)/python -m pytest
 
 # The whole workbook on the embedded default: every chapter's notebook executed, saved under runs/, runs in $(DB).

@@ -203,6 +203,9 @@ def _dashboard(tmp_path) -> tuple[subprocess.Popen, int]:
                              "--port", str(port)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # its own group: only the signal we send reaches it
     wait_for(lambda: not engine.port_is_free(port), 180, "the dashboard to listen", proc)
+    listening = [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                 and c.status == psutil.CONN_LISTEN]
+    assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}  # by default, this machine only
     return proc, port
 
 
@@ -216,3 +219,112 @@ def test_dashboard_stopped_leaves_no_child_and_no_port(tmp_path, sig):
     gone, alive = psutil.wait_procs(children, timeout=20)
     assert alive == []
     wait_for(lambda: engine.port_is_free(port), 20, f"port {port} to be free")
+
+
+class DroppingProxy:
+    """A real TCP proxy in front of the session's vLLM server that cuts the connection carrying the stream
+    each time the bytes it has forwarded pass another `every` bytes: a load balancer or a network dropping
+    connections mid-stream."""
+
+    def __init__(self, upstream_port: int, every: int):
+        import asyncio
+        import threading
+
+        self.upstream_port, self.every, self.forwarded, self.drops = upstream_port, every, 0, 0
+        self.loop = asyncio.new_event_loop()
+        self.port = engine.free_port()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    def _serve(self):
+        import asyncio
+
+        async def pipe(reader, writer, count: bool, peer):
+            try:
+                while data := await reader.read(512):
+                    if count:
+                        before, self.forwarded = self.forwarded, self.forwarded + len(data)
+                        if before // self.every != self.forwarded // self.every:
+                            self.drops += 1
+                            writer.transport.abort()
+                            peer.transport.abort()
+                            return
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(client_r, client_w):
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            await asyncio.gather(pipe(client_r, up_w, False, client_w), pipe(up_r, client_w, True, up_w))
+
+        async def main():
+            self.server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+            self.ready.set()
+            await self.server.serve_forever()
+
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(main())
+        except BaseException:  # noqa: BLE001 - stopped by close()
+            pass
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_endpoint_that_drops_connections_mid_stream(tiny_server, tmp_path):
+    """Requests cut mid-stream are stored as failed with their error; the others are measured; the next
+    trial proceeds."""
+    from qwen3lab.experiment.spec import EndpointConfig, Trial
+    from qwen3lab.measure import runner
+
+    from .conftest import small_workload
+
+    proxy = DroppingProxy(tiny_server.port, every=6000)
+    store = Store(tmp_path / "drop.duckdb")
+    try:
+        cfg = EndpointConfig(kind="endpoint", url=f"http://127.0.0.1:{proxy.port}", model=tiny_server.model_name,
+                             tokenizer=TOKENIZER)
+        result = runner.run_trial(Trial(experiment="faults", name="dropping", engine=cfg,
+                                        workload=small_workload(num_requests=16, concurrency=2)), store, tmp_path)
+    finally:
+        proxy.close()
+    assert proxy.drops >= 1
+    kept = store.requests([result.run_id])
+    failed = kept[kept.error.notna()]
+    assert len(kept) == 16 and 1 <= len(failed) < 16, kept[["idx", "error"]]
+    assert result.status == "ok" and f"{len(failed)} requests failed" in result.reason
+    cfg = EndpointConfig(kind="endpoint", url=tiny_server.base_url, model=tiny_server.model_name, tokenizer=TOKENIZER)
+    after = runner.run_trial(Trial(experiment="faults", name="after", engine=cfg,
+                                   workload=small_workload(num_requests=4, concurrency=2)), store, tmp_path)
+    assert after.status == "ok" and after.summary["completed"] == 4
+
+
+def test_port_taken_fails_with_the_reason_and_leaves_nothing(tmp_path):
+    """Another program took the port between qwen3lab picking it and vLLM binding it."""
+    import socket
+
+    from qwen3lab.errors import EngineError
+
+    from .conftest import tiny_config, vllm_processes
+
+    before = {p.pid for p in vllm_processes()}  # the session's shared server may be running
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    port = squatter.getsockname()[1]
+    try:
+        with pytest.raises(EngineError) as info:
+            with engine.launch(tiny_config(), tmp_path / "server.log", ready_timeout_s=600, port=port):
+                pass
+    finally:
+        squatter.close()
+    assert info.value.outcome == "failed" and "address already in use" in info.value.reason.lower(), info.value.reason
+    wait_for(lambda: not [p for p in vllm_processes() if p.pid not in before], 30, "no vLLM process of this test")
