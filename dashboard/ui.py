@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from qwen3lab.analysis import compare, export, plots
+from qwen3lab.analysis import compare, export, plots, selection
+from qwen3lab.analysis.wording import margin_text, slo_text, verdict_text  # noqa: F401 - pages call ui.slo_text
 from qwen3lab.hardware import planner
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.experiment.spec import SLO
@@ -21,7 +22,6 @@ from qwen3lab.store import DEFAULT_DB, Store
 
 DB_ENV = "QWEN3LAB_DB"
 TTL_S = 5  # new runs of a sweep appear within this long, or at once with Refresh
-FINISHED = ("ok",)
 ALL = "(all experiments)"  # compare across experiments, e.g. an imported vllm bench run beside qwen3lab's own
 
 
@@ -124,14 +124,14 @@ def refresh_button() -> None:
 
 # --- what is compared ----------------------------------------------------------------------------------
 def newest_per_trial(df: pd.DataFrame) -> pd.DataFrame:
-    """The newest finished run of each trial (older repeats stay selectable by hand)."""
-    ok = df[df.status.isin(FINISHED)]
-    return ok.drop_duplicates(subset=["experiment", "chapter", "trial"], keep="first")
+    """The ok run standing for each trial (selection.current; older repeats stay selectable by hand), newest
+    first like the store's listing."""
+    return selection.current(df, measured_only=True).iloc[::-1].reset_index(drop=True)
 
 
 def default_experiment(df: pd.DataFrame) -> str | None:
     """The newest experiment qwen3lab ran itself (imports and endpoints only when there is nothing else)."""
-    ok = df[df.status.isin(FINISHED) & df.experiment.notna()]
+    ok = df[df.status.isin(selection.MEASURED) & df.experiment.notna()]
     own = ok[ok.engine_kind == "vllm"]
     pick = own if not own.empty else ok
     return None if pick.empty else str(pick.experiment.iloc[0])
@@ -150,7 +150,7 @@ def selection_sidebar(df: pd.DataFrame) -> list[str]:
         st.session_state.pop("run_ids", None)
     exp = st.sidebar.selectbox("Experiment", exps, key="experiment", on_change=lambda: st.session_state.pop("run_ids", None))
     mine = df if exp == ALL else df[df.experiment == exp]
-    choices = mine[mine.status.isin(FINISHED)]
+    choices = mine[mine.status.isin(selection.MEASURED)]
     labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
               for r in choices.itertuples()}
     if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):
@@ -179,37 +179,11 @@ def slo_from_state(df: pd.DataFrame, run_ids: list[str]) -> SLO:
     return SLO()
 
 
-def slo_text(slo: SLO) -> str:
-    parts = [f"{name} ≤ {v:g} ms" for name, v in (
-        ("P95 TTFT", slo.ttft_p95_ms), ("P95 TPOT", slo.tpot_p95_ms), ("P99 E2EL", slo.e2el_p99_ms),
-        ("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2EL", slo.e2el_ms)) if v is not None]
-    return ", ".join(parts) if parts else "none set (goodput = throughput)"
-
-
 # --- words and numbers ---------------------------------------------------------------------------------
 def num(v, fmt: str = "{:,.1f}", unit: str = "") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     return fmt.format(v) + (f" {unit}" if unit else "")
-
-
-def margin_text(w: compare.Winner) -> str:
-    """'+X req/s (95% CI a..b)' and what it means, in words."""
-    if w.margin is None:
-        return "the only run that meets the SLOs" if w.winner else ""
-    m = w.margin
-    return f"{m.estimate:+.2f} req/s (95% CI {m.low:+.2f} .. {m.high:+.2f})"
-
-
-def verdict_text(w: compare.Winner) -> str:
-    if w.winner is None:
-        return "No run meets the SLOs: loosen them, or measure other configurations."
-    if w.runner_up is None:
-        return "Only one run meets the SLOs."
-    if w.within_noise:
-        return (f"Within noise: {w.winner.label} and {w.runner_up.label} cannot be told apart: the 95% interval of "
-                "the difference holds zero. Either is as good; measure longer or repeat to separate them.")
-    return f"{w.winner.label} is ahead of {w.runner_up.label} beyond noise (the 95% interval excludes zero)."
 
 
 def winner_card(w: compare.Winner, slo: SLO) -> None:

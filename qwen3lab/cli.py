@@ -8,7 +8,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.store import DEFAULT_DB
@@ -48,16 +47,22 @@ def run(
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
-    from qwen3lab import report
-    from qwen3lab.measure import runner
+    from qwen3lab import terminal
+    from qwen3lab.measure import executor
+    from qwen3lab.store import Store
 
     try:
-        results = runner.run_experiment(experiment, db, only=only, runs_dir=runs_dir, dry_run=dry_run,
-                                        retry_failed=retry_failed, fresh=fresh, console=console)
+        planned = executor.plan(experiment, only, for_written_gpu=dry_run)
+        if dry_run:
+            terminal.print_dry_run(planned, console)
+            planned.raise_errors()
+            return
+        planned.raise_errors()
+        with terminal.TrialProgress(console) as progress:
+            results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
-    if not dry_run:
-        console.print(report.results_table(results, db))
+    console.print(terminal.results_table(results, db))
 
 
 @app.command()
@@ -72,15 +77,18 @@ def sweep(
 ):
     """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
     from qwen3lab import sweep as sw
+    from qwen3lab import terminal
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     try:
         if dry_run:
-            result = sw.dry_run(experiment, chapters, console=console)
+            result = sw.dry_run(experiment, chapters)
+            terminal.print_dry_run(result.planned, console)
         else:
-            result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
-                              console=console)
-            console.print(sw.summary_table(result, db))
+            with terminal.SweepProgress(console) as progress:
+                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
+                                  listener=progress)
+            console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
@@ -93,14 +101,14 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """List stored runs, newest first."""
-    from qwen3lab import report
+    from qwen3lab import terminal
     from qwen3lab.store import Store
 
     df = Store(db).runs(experiment=experiment)
     if as_json:
         sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2) + "\n")
     else:
-        console.print(report.runs_table(df))
+        console.print(terminal.runs_table(df))
 
 
 @app.command()
@@ -119,10 +127,10 @@ def show(run_id: str, db: str = DB):
 @app.command()
 def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment or chapter.")):
     """Every field of an experiment file, with its description."""
-    from qwen3lab import report
+    from qwen3lab import terminal
 
     try:
-        console.print(report.schema_table(section))
+        console.print(terminal.schema_table(section))
     except Qwen3LabError as exc:
         _fail(exc)
 
@@ -150,7 +158,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """Before launching: what fits on a GPU (quantization x KV dtype x max_model_len), KV capacity, ceilings."""
-    from qwen3lab import hardware_report
+    from qwen3lab import terminal
     from qwen3lab.hardware import planner
 
     try:
@@ -160,7 +168,7 @@ def plan(
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     else:
-        console.print(hardware_report.plan_table(rows))
+        console.print(terminal.plan_table(rows))
 
 
 @app.command()
@@ -201,13 +209,13 @@ def import_(
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
     from qwen3lab.hardware import catalogue as hardware
-    from qwen3lab import hardware_report
+    from qwen3lab import terminal
 
     found = hardware.probe()
     if as_json:
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
-        console.print(hardware_report.probe_table(found))
+        console.print(terminal.probe_table(found))
 
 
 if __name__ == "__main__":  # python -m qwen3lab.cli

@@ -3,6 +3,9 @@
 DuckDB lets one process write a file at a time, and a reader cannot open it while a writer holds it. So every
 call opens the file, does one short transaction, and closes it; a call that meets another process's lock
 waits and retries. That is what lets the dashboard read while a sweep writes.
+
+Lines: over 450 because the schema, the writes, the owner/claim/recovery of running rows and the named
+queries are all SQL, and this is the only module that may speak it.
 """
 from __future__ import annotations
 
@@ -414,14 +417,9 @@ class Store:
         return self._query(f"SELECT * FROM samples WHERE run_id IN (SELECT unnest(?)) {extra} ORDER BY run_id, t",
                            [list(run_ids), *params])
 
-    def finished_trial(self, trial_key: str) -> str | None:
-        """The run id of a trial that already ended ok or skipped (a sweep does not run it again)."""
-        df = self._query("SELECT run_id FROM runs WHERE trial_key = ? AND status IN ('ok', 'skipped') "
-                         "ORDER BY started_at DESC LIMIT 1", [trial_key])
-        return None if df is None or df.empty else str(df.run_id[0])
-
     def trial_runs(self, trial_key: str):
-        return self._query("SELECT run_id, status, reason FROM runs WHERE trial_key = ? ORDER BY started_at",
+        return self._query("SELECT run_id, trial_key, status, reason, started_at FROM runs WHERE trial_key = ? "
+                           "ORDER BY started_at",
                            [trial_key])
 
     def experiments(self) -> list[str]:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from qwen3lab.experiment import files as xp
-from qwen3lab.experiment import preflight
 from qwen3lab import workbook
 from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
+from qwen3lab.measure import executor
 
 # How long a kernel that was asked to stop may take to finish its trial (stop vLLM, write the run row).
 KERNEL_SHUTDOWN_WAIT_S = 90.0
@@ -58,6 +58,7 @@ class SweepResult:
     dry_run: bool = False
     verdicts: list = field(default_factory=list)
     stopped: bool = False
+    planned: executor.Plan | None = None  # a dry run's plan
 
     @property
     def exit_code(self) -> int:
@@ -145,41 +146,12 @@ def _check_params(params: dict[str, Any], execs: list[Execution]) -> None:
         raise SpecErrors(errors)
 
 
-def dry_run(experiment_path: str | os.PathLike, only: list[str] | None = None, console=None) -> SweepResult:
-    """Print every trial's exact launch command and pre-flight verdict for the experiment's GPU; launch nothing.
-
-    Trials that pre-flight rejects are printed with the error (the exit code is then 2); trials tagged
-    `expect: error` that are rejected are the expected result (shown as `rejected`, exit code unaffected).
-    """
-    from rich.console import Console
-
-    from qwen3lab import report
-
-    console = console or Console()
-    exp = xp.load(experiment_path)
-    trials = xp.expand(exp, only)
-    machine = preflight.Machine.for_gpu(exp.gpu) if exp.gpu else preflight.Machine.local()
-    verdicts = preflight.check_all(trials, machine, exp.gpu)
-    console.print(report.dry_run_table(verdicts, machine))
-    counts: dict[str, int] = {}
-    for v in verdicts:
-        counts[v.label] = counts.get(v.label, 0) + 1
-    console.print(f"{len(verdicts)} trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-    errors = [e for v in verdicts for e in v.errors]
-    if errors:
-        console.print(f"[bold red]{len(errors)} pre-flight error(s)[/]: a sweep of this file would launch nothing "
-                      "until they are fixed.")
-    return SweepResult(exp.name, [], dry_run=True, verdicts=verdicts)
-
-
-def _check_before_launch(exp: xp.Experiment, path, only) -> None:
-    """All pre-flight errors of the whole sweep, before the first notebook starts."""
-    machine = preflight.Machine.local()
-    trials = xp.expand(exp, only)
-    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
-    errors = [e for v in preflight.check_all(trials, machine, exp.gpu) for e in v.errors]
-    if errors:
-        raise SpecErrors(errors)
+def dry_run(experiment_path: str | os.PathLike, only: list[str] | None = None) -> SweepResult:
+    """Every trial judged for the experiment's GPU, nothing launched (the CLI prints each launch command and
+    verdict). Trials that pre-flight rejects make the exit code 2; trials tagged `expect: error` that are
+    rejected are the expected result (shown as `rejected`, exit code unaffected)."""
+    planned = executor.plan(experiment_path, only, for_written_gpu=True)
+    return SweepResult(planned.experiment.name, [], dry_run=True, verdicts=planned.verdicts, planned=planned)
 
 
 def _kernel_manager_class():
@@ -194,18 +166,38 @@ def _kernel_manager_class():
     return PatientKernelManager
 
 
-class _ConsoleWriter:
-    """The kernel's stdout (the workbook's per-trial lines), printed above the progress bar, prefixed."""
+class SweepListener:
+    """What `sweep` tells its caller (the CLI's progress bar): each notebook's start, its kernel's printed lines,
+    its end, and a stop between notebooks."""
 
-    def __init__(self, console, prefix: str):
-        self.console, self.prefix, self.buffer = console, prefix, ""
+    def started(self, experiment: str, executions: list[Execution]) -> None:
+        pass
+
+    def notebook_started(self, ex: Execution) -> None:
+        pass
+
+    def kernel_line(self, ex: Execution, line: str) -> None:
+        """One line the notebook printed (the workbook's per-trial lines)."""
+
+    def notebook_finished(self, ex: Execution) -> None:
+        pass
+
+    def stopped(self) -> None:
+        """Stopped between two notebooks (nothing running, nothing lost) or after an interrupted one."""
+
+
+class _KernelLines:
+    """The kernel's stdout, handed to the listener line by line."""
+
+    def __init__(self, listener: SweepListener, ex: Execution):
+        self.listener, self.ex, self.buffer = listener, ex, ""
 
     def write(self, text: str) -> None:
         self.buffer += text
         *lines, self.buffer = self.buffer.split("\n")
         for line in lines:
             if line.strip():
-                self.console.print(f"[dim]{self.prefix}[/] {line}", markup=True, highlight=False, soft_wrap=True)
+                self.listener.kernel_line(self.ex, line)
 
     def flush(self) -> None:
         pass
@@ -227,86 +219,56 @@ def _raise_interrupt(signum, frame):  # SIGTERM between notebooks: stop like Ctr
 
 def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only: list[str] | None = None,
           runs_dir: str = "runs", retry_failed: bool = False, params: dict[str, Any] | None = None,
-          console=None, kernel_name: str = "python3", with_environment: bool = True,
+          listener: SweepListener | None = None, kernel_name: str = "python3", with_environment: bool = True,
           with_report: bool = True, execution_timeout: float | None = None) -> SweepResult:
     """Execute the experiment's chapters as notebooks, in order; a failed chapter does not stop the others."""
     import papermill as pm
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = console or Console()
+    listener = listener or SweepListener()
     params = dict(params or {})
     if retry_failed:
         params["retry_failed"] = True
     exp, execs = plan(experiment_path, db, only, runs_dir, params, with_environment=with_environment,
                       with_report=with_report)
-    _check_before_launch(exp, experiment_path, only)
+    executor.plan(exp, only).raise_errors()  # every pre-flight error of the sweep, before the first notebook
     # The kernel imports the same qwen3lab as this process, whatever is installed, and works from the
     # repository root (relative paths of the experiment, such as engine.python: .venv/bin/python).
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *([env_path] if env_path else [])])
     result = SweepResult(exp.name, execs)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as bar:
-            overall = bar.add_task(f"[bold]sweep {exp.name}", total=len(execs))
-            for ex in execs:
-                writer = _ConsoleWriter(bar.console, ex.notebook)
-                bar.update(overall, description=f"[bold]sweep {exp.name}[/]: {ex.notebook}")
-                ex.output_path.parent.mkdir(parents=True, exist_ok=True)
-                t0 = time.monotonic()
+        listener.started(exp.name, execs)
+        for ex in execs:
+            listener.notebook_started(ex)
+            ex.output_path.parent.mkdir(parents=True, exist_ok=True)
+            t0 = time.monotonic()
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+            try:
+                pm.execute_notebook(str(ex.input_path), str(ex.output_path), parameters=ex.parameters,
+                                    kernel_name=kernel_name, cwd=str(PACKAGE_ROOT), stdout_file=_KernelLines(listener, ex),
+                                    progress_bar=False, request_save_on_cell_execute=True,
+                                    execution_timeout=execution_timeout,
+                                    kernel_manager_class=_kernel_manager_class())
+                ex.status = "ok"
+            except BaseException as exc:  # noqa: BLE001 - every outcome is reported; interrupts stop the sweep
+                ex.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                ex.status = "interrupted" if _interrupted(exc) else "failed"
+            finally:
+                ex.seconds = time.monotonic() - t0
                 signal.signal(signal.SIGTERM, _raise_interrupt)
-                try:
-                    pm.execute_notebook(str(ex.input_path), str(ex.output_path), parameters=ex.parameters,
-                                        kernel_name=kernel_name, cwd=str(PACKAGE_ROOT), stdout_file=writer,
-                                        progress_bar=False, request_save_on_cell_execute=True,
-                                        execution_timeout=execution_timeout,
-                                        kernel_manager_class=_kernel_manager_class())
-                    ex.status = "ok"
-                except BaseException as exc:  # noqa: BLE001 - every outcome is reported; interrupts stop the sweep
-                    ex.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-                    if _interrupted(exc):
-                        ex.status = "interrupted"
-                    else:
-                        ex.status = "failed"
-                finally:
-                    ex.seconds = time.monotonic() - t0
-                    signal.signal(signal.SIGTERM, _raise_interrupt)
-                colour = {"ok": "green", "interrupted": "yellow"}.get(ex.status, "red")
-                bar.console.print(f"[{colour}]{ex.status:>11}[/] {ex.notebook} ({ex.seconds:.0f} s) -> "
-                                  f"{ex.output_path}" + (f"\n            {ex.error}" if ex.error else ""),
-                                  highlight=False)
-                bar.advance(overall)
-                if ex.status == "interrupted":
-                    bar.console.print("[yellow]sweep stopped; run the same command again to resume[/]")
-                    break
+            listener.notebook_finished(ex)
+            if ex.status == "interrupted":
+                listener.stopped()
+                break
     except KeyboardInterrupt:  # between two notebooks: nothing is running, nothing is lost
         result.stopped = True
-        console.print("[yellow]sweep stopped; run the same command again to resume[/]")
+        listener.stopped()
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ["PYTHONPATH"] = env_path
         if not env_path:
             os.environ.pop("PYTHONPATH", None)
     return result
-
-
-def summary_table(result: SweepResult, db: str):
-    """One row per executed notebook: status, seconds, and the runs it stored, by status."""
-    from rich.table import Table
-
-    from qwen3lab.store import Store
-
-    runs = Store(db).runs(experiment=result.experiment)
-    t = Table(title=f"sweep {result.experiment}")
-    for col in ("notebook", "status", "seconds", "runs stored (this notebook)", "output"):
-        t.add_column(col, overflow="fold")
-    for ex in result.executions:
-        mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
-        counts = mine.status.value_counts().to_dict() if not mine.empty else {}
-        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-",
-                  ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
-    return t
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:

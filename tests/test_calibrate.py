@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qwen3lab.hardware import calibrate
-from qwen3lab.hardware_report import calibration_markdown, calibration_table
+from qwen3lab.terminal import calibration_markdown, calibration_table
 from qwen3lab.models import model_info
 
 REPO = Path(__file__).resolve().parents[1]

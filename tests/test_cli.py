@@ -6,6 +6,9 @@ import subprocess
 import sys
 import textwrap
 
+from qwen3lab.analysis import export
+from qwen3lab.store import Store
+
 from .conftest import REPO
 
 
@@ -44,13 +47,38 @@ def test_run_end_to_end_then_resume(tmp_path):
         assert run["status"] == "ok", f"{name}: {run['status']}: {run['reason']} (log {run['log_path']})"
         assert run["completed"] == 30 and run["failed"] == 0
         assert run["vllm_version"] and run["torch_version"] and run["config_hash"] and run["host"]
-        assert run["launch_command"].startswith("VLLM_CPU_KVCACHE_SPACE=1 vllm serve builtin:qwen3-tiny")
+        # The stored command is the Export page's, which pastes into a shell (the env, this build, the model).
+        assert run["launch_command"] == export.export_run(Store(db).run(run["run_id"])).shell
+        assert "VLLM_CPU_KVCACHE_SPACE=1 " in run["launch_command"] and "/qwen3-tiny " in run["launch_command"]
         assert run["vllm_kv_tokens"] > 0
     # Four in flight at most, so the smaller batch cap waits longer for its first token.
     assert by_trial["eager-seqs-4"]["p95_ttft_ms"] > by_trial["eager-seqs-32"]["p95_ttft_ms"]
+    assert_runs_compare_and_winner_agree(db, [by_trial["eager-seqs-4"], by_trial["eager-seqs-32"]])
     again = qwen3lab("run", str(exp), "--db", str(db), "--runs-dir", str(tmp_path / "runs"))
     assert again.returncode == 0 and again.stdout.count("earlier") == 3  # nothing re-run
     assert len(json.loads(qwen3lab("runs", "--db", str(db), "--json").stdout)) == 3
+
+
+def assert_runs_compare_and_winner_agree(db, listed: list[dict]) -> None:
+    """`qwen3lab runs --json` (the summary stored at the end of the run), the Compare ranking and the Winner
+    page's ranking report the same figures: all come from the stored request rows through one function."""
+    import pytest
+
+    from qwen3lab.analysis import compare
+    from qwen3lab.experiment.spec import SLO
+    from qwen3lab.store import Store
+
+    store, slo = Store(db), SLO(ttft_p95_ms=5000)
+    ids = [r["run_id"] for r in listed]
+    ranked = compare.rank(compare.load_runs(store, ids), slo).set_index("run_id")
+    winner = compare.pick_winner(compare.load_runs(store, ids), slo, n_boot=50).ranking.set_index("run_id")
+    for run in listed:
+        for table in (ranked, winner):
+            got = table.loc[run["run_id"]]
+            for column in ("completed", "failed", "output_throughput", "request_throughput", "p95_ttft_ms",
+                           "p95_tpot_ms", "p99_e2el_ms"):
+                assert got[column] == pytest.approx(run[column], rel=1e-9), (run["trial"], column)
+            assert got["goodput"] == pytest.approx(run["request_goodput"], rel=1e-9), run["trial"]
 
 
 def test_bad_experiment_is_refused_before_any_launch(tmp_path):

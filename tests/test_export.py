@@ -150,10 +150,11 @@ def test_pasted_shell_command_starts_the_same_server(tmp_path):
         pytest.skip("no vLLM build in this environment (pip install 'qwen3lab[cpu]')")
     store = Store(tmp_path / "paste.duckdb")
     run_id = store.begin_run(engine_kind="vllm", model=config.model, config_json=config.model_dump(mode="json"),
-                             config_hash=config.config_hash(), launch_command=config.to_shell(),
+                             config_hash=config.config_hash(), launch_command=engine.launch_command(config),
                              exec_argv_json=engine.exec_argv(config, 8000, build), python_executable=build.python,
                              vllm_version=build.vllm_version, torch_version=build.torch_version, status="running")
     store.finish_run(run_id, "ok")
+    assert export.export_run(store.run(run_id)).shell == store.run(run_id)["launch_command"]  # what the run stores
     port = _free_port()
     ex = export.export_run(store.run(run_id), port=port)
     assert f"--port {port}" in ex.shell and build.python in ex.shell

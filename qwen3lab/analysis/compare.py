@@ -17,21 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis.metrics import Interval, RequestTable, bootstrap_two, meets_slo, per_request_slo, summarize
+from qwen3lab.analysis import selection
+from qwen3lab.analysis.metrics import (Interval, RequestTable, bootstrap_two, meets_slo, per_request_slo,
+                                       request_table, summarize)
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
-
-
-def request_table(requests: pd.DataFrame) -> RequestTable:
-    """A RequestTable from stored request rows (measured ones; the store drops warmup by default)."""
-    ok = requests.error.isna() & requests.ttft.notna()
-    return RequestTable.from_columns(
-        ok=ok, ttft=requests.ttft.tolist(), e2el=requests.e2el.tolist(),
-        prompt_tokens=requests.prompt_tokens.fillna(requests.prompt_tokens_target).tolist(),
-        output_tokens=requests.output_tokens.fillna(0).tolist(),
-        chunk_times=requests.chunk_times.tolist() if "chunk_times" in requests else [[]] * len(requests),
-        request_class=requests.request_class.tolist(),
-    )
 
 
 @dataclass
@@ -163,11 +153,9 @@ def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 2000) -> Winner:
 
 def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.DataFrame:
     """For each chapter: every ok trial against its baseline, relative change with a 95% interval."""
-    runs = store.runs(experiment=experiment, status="ok")
+    runs = selection.current(store.runs(experiment=experiment), measured_only=True)
     if runs.empty:
         return pd.DataFrame()
-    # The newest ok run of each trial stands for it.
-    runs = runs.sort_values("started_at").drop_duplicates(["chapter", "trial"], keep="last")
     data = {r.run_id: r for r in load_runs(store, list(runs.run_id))}
     run_of = {(c, t): rid for c, t, rid in zip(runs.chapter, runs.trial, runs.run_id)}
     recs = []

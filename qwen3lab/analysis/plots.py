@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from qwen3lab.analysis import metrics
+
 LATENCY_LABELS = {"ttft": "TTFT (ms)", "tpot": "TPOT (ms)", "e2el": "E2EL (ms)", "itl": "ITL (ms)"}
 SERVER_SERIES = {
     "vllm:num_requests_running": "running requests", "vllm:num_requests_waiting": "waiting requests",
@@ -70,16 +72,17 @@ def pareto_figure(runs: pd.DataFrame, label: str = "trial", slo_ttft_ms: float |
 
 
 def per_request_latency(requests: pd.DataFrame, metric: str) -> pd.Series:
-    """Per-request latency in ms: ttft, e2el, tpot ((E2EL-TTFT)/(out-1), out > 1) or itl (pooled gaps)."""
-    ok = requests[requests.error.isna() & requests.ttft.notna()]
+    """Per-request latency in ms of the successful requests, as metrics defines them: ttft, e2el, tpot (requests
+    of more than one token) or itl (pooled gaps)."""
+    ok = requests[metrics.succeeded(requests.error, requests.ttft)]
     if metric in ("ttft", "e2el"):
         return ok[metric] * 1000
     if metric == "tpot":
-        many = ok[ok.output_tokens > 1]
-        return (many.e2el - many.ttft) / (many.output_tokens - 1) * 1000
+        out = metrics.output_tokens(ok)
+        values = pd.Series(metrics.tpot(out, ok.ttft, ok.e2el) * 1000, index=ok.index)
+        return values[out > 1]
     if metric == "itl":
-        gaps = [np.diff(np.asarray(c)) for c in ok.chunk_times if c is not None and len(c) > 1]
-        return pd.Series(np.concatenate(gaps) * 1000 if gaps else [], dtype=float)
+        return pd.Series(metrics.itl(ok.chunk_times) * 1000, dtype=float)
     raise ValueError(f"metric {metric!r}: use ttft, tpot, e2el or itl")
 
 
@@ -195,7 +198,7 @@ def request_box_figure(requests: pd.DataFrame, labels: dict[str, str], column: s
     go = _go()
     fig = go.Figure()
     for run_id, group in requests.groupby("run_id", sort=False):
-        ok = group[group.error.isna() & group.ttft.notna()]
+        ok = group[metrics.succeeded(group.error, group.ttft)]
         values = per_request_latency(ok, column) if column in LATENCY_LABELS else ok[column]
         fig.add_trace(go.Box(y=values, name=labels.get(run_id, run_id), boxmean=True))
     if not fig.data:

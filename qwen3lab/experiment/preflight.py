@@ -18,6 +18,7 @@ YARN_HINT = ('hf_overrides: {rope_parameters: {rope_type: yarn, factor: 4.0, ori
              'rope_theta: 1000000}, max_position_embeddings: 131072} (older vLLM: --rope-scaling)')
 AWQ_METHODS = {"awq", "awq_marlin"}
 FLASHINFER_BLOCKS = (16, 32, 64)
+FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
 # Flags that blog recipes pass but no current vLLM has (vLLM raises on unknown arguments).
 NOT_ENGINE_ARGS = {"--max-paddings", "--batch-size-delay"}
 
@@ -105,6 +106,25 @@ class Verdict:
     expected_errors: list[SpecError] = field(default_factory=list)  # for trials tagged expect: error
 
 
+def attention_backend(cfg: EngineConfig, cc: tuple[int, int] | None) -> str:
+    """The attention backend vLLM 0.32 runs this config with on a GPU of compute capability `cc`."""
+    if cfg.attention_backend:
+        return cfg.attention_backend
+    if cfg.kv_cache_dtype in FP8_KV and cc is not None and cc < (9, 0):
+        return "FLASHINFER or TRITON_ATTN (FA2 has no FP8 KV)"
+    return "FLASH_ATTN (auto)"
+
+
+def weight_kernel(cfg: EngineConfig, info: ModelInfo | None, cc: tuple[int, int] | None) -> str:
+    """The weight kernel vLLM 0.32 runs this config's (quantized) weights with on a GPU of capability `cc`."""
+    method = cfg.quantization or (info.quant_method if info else None)
+    if method == "fp8":
+        return "W8A16 Marlin (no FP8 tensor cores)" if cc is not None and cc < (8, 9) else "W8A8 FP8 (native)"
+    if method in AWQ_METHODS:
+        return "AWQ (slow kernel, forced)" if cfg.quantization == "awq" else "awq_marlin (auto)"
+    return "BF16 tensor cores"
+
+
 def yarn_limit(hf_overrides: dict | None) -> int | None:
     """The context YaRN allows (original x factor), or None when no YaRN override is set."""
     rope = (hf_overrides or {}).get("rope_parameters") or (hf_overrides or {}).get("rope_scaling")
@@ -179,17 +199,16 @@ def _machine_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, 
             skip = skip or "tensor parallelism is not measured on the CPU engine"
     else:
         cc = machine.compute_capability
-        fp8_kv = cfg.kv_cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2")
+        fp8_kv = cfg.kv_cache_dtype in FP8_KV
         if fp8_kv and cfg.attention_backend == "FLASH_ATTN" and cc is not None and cc < (9, 0):
             errors.append(SpecError(
                 "engine.attention_backend", "FLASH_ATTN",
                 f"FLASHINFER or TRITON_ATTN (or unset) with an FP8 KV cache on sm{cc[0]}{cc[1]}: FlashAttention 2 has no FP8 KV",
                 "set attention_backend: FLASHINFER, or leave it unset so vLLM picks one", where))
         if fp8_kv and cfg.attention_backend is None and cc is not None and cc < (9, 0):
-            notes.append(f"FP8 KV cache on sm{cc[0]}{cc[1]}: vLLM picks FLASHINFER or TRITON_ATTN (no FP8 KV in FA2)")
-        if cfg.quantization == "fp8" or (info is not None and info.quant_method == "fp8"):
-            if cc is not None and cc < (8, 9):
-                notes.append("FP8 on sm80 runs weight-only W8A16 through Marlin: no FP8 tensor-core compute")
+            notes.append(f"FP8 KV cache on sm{cc[0]}{cc[1]}: vLLM picks {attention_backend(cfg, cc)}")
+        if (kernel := weight_kernel(cfg, info, cc)).startswith("W8A16"):
+            notes.append(f"FP8 on sm{cc[0]}{cc[1]} runs weight-only through {kernel}")
         if cfg.quantization == "awq":
             notes.append("quantization: awq forces the slow AWQ kernel; leave it unset (awq_marlin is chosen)")
         if (cfg.tensor_parallel_size or 1) > max(machine.gpu_count, 1):

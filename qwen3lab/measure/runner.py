@@ -181,7 +181,7 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
         baseline=trial.baseline, engine_kind=cfg.kind, model=cfg.model,
         config_json=cfg.model_dump(mode="json", exclude={"api_key"}), config_hash=cfg.config_hash(),
         workload_json=trial.workload.model_dump(mode="json"), slo_json=trial.slo.model_dump(mode="json"),
-        tags_json=trial.tags, launch_command=cfg.to_shell() if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
+        tags_json=trial.tags, launch_command=engine.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
         env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
         host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
     )
@@ -190,12 +190,15 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
 def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
               notebook_path: str | None = None, machine: preflight.Machine | None = None,
               progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
-              ready_timeout_s: float = 900.0, gpu_id: str | None = None) -> TrialResult:
-    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial."""
+              ready_timeout_s: float = 900.0, gpu_id: str | None = None,
+              verdict: preflight.Verdict | None = None) -> TrialResult:
+    """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial.
+    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan).
+    A trial another live qwen3lab holds is not run: its result has status `held`."""
     entered = store_now()  # a run of this trial begun after this moment by another qwen3lab: not run twice
     probe = hardware.probe()
-    machine = machine or preflight.Machine.local()
-    verdict = preflight.check(trial, machine, gpu_id)
+    if verdict is None:
+        verdict = preflight.check(trial, machine or preflight.Machine.local(), gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
     hide = Redactor(trial.engine)  # secret values never reach the store, the spool or the kept log
@@ -247,8 +250,8 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
             result, scraped = run_sync(_measure(server, requests, trial, flusher.add))
             sampler.stop()
             flusher.flush()
-            table = metrics.RequestTable.from_records(result.records)
-            summary = metrics.summarize(table, result.duration_s, trial.slo)
+            # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
+            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
             summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
             summary |= sampler.summary() if sampler.samples else {}
@@ -306,75 +309,3 @@ def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: 
 
 def _first_error(records: list[RequestRecord]) -> str:
     return next((r.error for r in records if r.error), "no request completed")
-
-
-FINISHED = ("ok", "skipped")
-FAILED = ("failed", "oom", "timeout", "crashed")
-
-
-def previous_run(store: Store, trial: Trial, retry_failed: bool,
-                 runnable_here: bool = False) -> tuple[str, str] | None:
-    """(run_id, status) of an earlier run that makes this trial done; None when it must run (again).
-
-    A trial skipped earlier is run when it is `runnable_here` (it could not run where it was judged before).
-    """
-    df = store.trial_runs(trial.key)
-    if df is None or df.empty:
-        return None
-    done = df[df.status.isin(FINISHED + (() if retry_failed else FAILED))]
-    if done.empty or (runnable_here and done.status.iloc[-1] == "skipped"):
-        return None
-    return str(done.run_id.iloc[-1]), str(done.status.iloc[-1])
-
-
-def run_experiment(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
-                   dry_run: bool = False, retry_failed: bool = False, fresh: bool = False,
-                   console=None, notebook_path: str | None = None) -> list[TrialResult]:
-    """Every trial of an experiment, in order, with resume: all pre-flight errors are raised before any launch."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from qwen3lab.experiment import files as xp
-    from qwen3lab import report
-
-    console = console or Console()
-    exp = xp.load(path)
-    trials = xp.expand(exp, only)
-    machine = preflight.Machine.for_gpu(exp.gpu) if dry_run and exp.gpu else preflight.Machine.local()
-    trials = preflight.skip_if_mismatched(trials, exp.gpu, machine)
-    verdicts = preflight.check_all(trials, machine, exp.gpu)
-    if dry_run:
-        console.print(report.dry_run_table(verdicts, machine))
-        errors = [e for v in verdicts for e in v.errors]
-        if errors:
-            raise SpecErrors(errors)
-        return []
-    errors = [e for v in verdicts for e in v.errors]
-    if errors:
-        raise SpecErrors(errors)
-    store = Store(db)
-    for r in store.recover():
-        console.print(f"[yellow]recovered run {r['run_id']}[/]: its qwen3lab stopped without finishing it; "
-                      f"{r['requests_recovered']} measured requests stored from its spool, status {r['status']}")
-    results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
-        overall = bar.add_task(f"[bold]{exp.name}", total=len(trials))
-        for trial, verdict in zip(trials, verdicts):
-            label = f"{trial.chapter}/{trial.name}"
-            done = None if fresh else previous_run(store, trial, retry_failed, runnable_here=verdict.ok)
-            if done:
-                results.append(TrialResult(trial, done[0], done[1], "already measured (resumed)"))
-                bar.console.print(f"[dim]= {label}: {done[1]} earlier (run {done[0]})[/]")
-                bar.advance(overall)
-                continue
-            task = bar.add_task(f"  {label}", total=trial.workload.num_requests if not trial.workload.duration_s else None)
-            result = run_trial(trial, store, runs_dir, experiment_path=str(path), notebook_path=notebook_path,
-                               machine=machine, progress=lambda n, t=task: bar.advance(t, n), gpu_id=exp.gpu,
-                               log=bar.console.print)
-            bar.remove_task(task)
-            colour = {"ok": "green", "skipped": "yellow", "held": "yellow"}.get(result.status, "red")
-            bar.console.print(f"[{colour}]{result.status:>8}[/] {label}" + (f": {result.reason}" if result.reason else ""))
-            results.append(result)
-            bar.advance(overall)
-    return results

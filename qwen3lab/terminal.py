@@ -1,0 +1,356 @@
+"""Everything the CLI prints (rich): run results, stored runs, dry-run verdicts, the progress of a run, the schema,
+and the hardware commands' tables (plan, calibrate, probe). Presentation only: executions never import it."""
+from __future__ import annotations
+
+import math
+
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from qwen3lab.errors import SpecError
+from qwen3lab.measure.executor import Listener
+from qwen3lab.sweep import SweepListener
+
+
+def _num(v, fmt="{:.1f}") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return fmt.format(v)
+
+
+METRICS = ("ok/\ntotal", "out\ntok/s", "TTFT\np50", "TTFT\np95", "TPOT\np50", "E2EL\np99", "good-\nput")
+
+
+def _run_table(title: str, labels: tuple[str, ...]) -> Table:
+    """Label columns, the key metrics, then the run id: no vertical rules and two-line headers, so a run's row
+    fits in about 110 columns; narrower, the labels fold and the metrics stay whole."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in labels:
+        t.add_column(name, overflow="fold")
+    for name in METRICS:
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_column("run", overflow="fold")
+    return t
+
+
+def _metric_cells(s: dict | None) -> list[str]:
+    if not s:
+        return ["-"] * len(METRICS)
+    total = (s.get("completed") or 0) + (s.get("failed") or 0)
+    return [f"{int(s.get('completed') or 0)}/{int(total)}", _num(s.get("output_throughput")),
+            _num(s.get("median_ttft_ms"), "{:.0f}"),
+            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
+            _num(s.get("p99_e2el_ms"), "{:.0f}"), _num(s.get("request_goodput"), "{:.2f}")]
+
+
+def _the_same(df, column: str) -> str | None:
+    """The one value every row shares, for the title instead of a column."""
+    values = set(df[column].dropna().astype(str)) if column in df else set()
+    return values.pop() if len(values) == 1 and df[column].notna().all() else None
+
+
+def results_table(results, db: str) -> Table:
+    from qwen3lab.store import Store
+
+    rows = Store(db).runs(run_ids=[r.run_id for r in results])
+    by_id = {r["run_id"]: r for r in rows.to_dict("records")} if not rows.empty else {}
+    t = _run_table("Results (latencies in ms)", ("trial", "status"))
+    for r in results:
+        t.add_row(f"{r.trial.chapter}/{r.trial.name}", r.status, *_metric_cells(by_id.get(r.run_id)), r.run_id)
+    return t
+
+
+def runs_table(df) -> Table:
+    experiment = None if df.empty else _the_same(df, "experiment")
+    vllm = None if df.empty else _the_same(df, "vllm_version")
+    title = f"{len(df)} runs" + (f" of {experiment}" if experiment else "") + (f", vLLM {vllm}" if vllm else "")
+    labels = (() if experiment else ("experiment",)) + ("trial", "status")
+    t = _run_table(f"{title} (latencies in ms)", labels)
+    if not vllm:
+        t.add_column("vLLM")
+    reasons = not df.empty and df.reason.notna().any()
+    if reasons:
+        t.add_column("reason", overflow="fold", max_width=40)
+    for row in df.to_dict("records") if not df.empty else []:
+        cells = ([] if experiment else [str(row.get("experiment"))])
+        cells += [f"{row.get('chapter')}/{row.get('trial')}", row["status"], *_metric_cells(row), row["run_id"]]
+        cells += [] if vllm else [str(row.get("vllm_version") or "-")]
+        t.add_row(*cells, *([str(row.get("reason") or "")] if reasons else []))
+    return t
+
+
+def dry_run_table(verdicts, machine) -> Table:
+    where = machine.gpu_name or machine.device
+    t = Table(title=f"Dry run: {len(verdicts)} trials, judged for {where}", show_lines=True)
+    for name in ("chapter", "trial", "pre-flight", "launch command / reason"):
+        t.add_column(name, overflow="fold")
+    for v in verdicts:
+        cfg = v.trial.engine
+        cmd = cfg.to_shell() if cfg.kind == "vllm" else f"(endpoint {cfg.url})"
+        lines = [cmd]
+        if v.skip:
+            lines.append(f"[yellow]skip: {v.skip}[/]")
+        lines += [f"[red]{e}[/]" for e in v.errors]
+        lines += [f"[dim]note: {n}[/]" for n in v.notes]
+        if v.plan:
+            lines.append(f"[dim]plan: {v.plan.get('summary', '')}[/]")
+        colour = {"ok": "green", "skip": "yellow"}.get(v.label, "red")
+        t.add_row(v.trial.chapter, v.trial.name, f"[{colour}]{v.label}[/]", "\n".join(lines))
+    return t
+
+
+def print_dry_run(planned, console) -> None:
+    """Every planned trial's launch command and verdict, a count per verdict, and whether a run would launch."""
+    console.print(dry_run_table(planned.verdicts, planned.machine))
+    counts: dict[str, int] = {}
+    for v in planned.verdicts:
+        counts[v.label] = counts.get(v.label, 0) + 1
+    console.print(f"{len(planned.verdicts)} trials: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    if planned.errors:
+        console.print(f"[bold red]{len(planned.errors)} pre-flight error(s)[/]: a run of this file would launch "
+                      "nothing until they are fixed.")
+
+
+class TrialProgress(Listener):
+    """executor.execute shown as a progress bar: one bar for the experiment, one for the trial's requests."""
+
+    def __init__(self, console):
+        self.console = console
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False)
+        super().__init__(log=self.bar.console.print)
+        self.overall = self.task = None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def started(self, planned) -> None:
+        self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}", total=len(planned.verdicts))
+
+    def resumed(self, trial, run_id, status) -> None:
+        self.log(f"[dim]= {trial.chapter}/{trial.name}: {status} earlier (run {run_id})[/]")
+        self.bar.advance(self.overall)
+
+    def left_out(self, trial, why) -> None:
+        super().left_out(trial, why)
+        self.bar.advance(self.overall)
+
+    def launching(self, trial, verdict) -> None:
+        w = trial.workload
+        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
+                                      total=w.num_requests if not w.duration_s else None)
+
+    def requests_done(self, trial, count) -> None:
+        self.bar.advance(self.task, count)
+
+    def finished(self, result) -> None:
+        self.bar.remove_task(self.task)
+        colour = {"ok": "green", "skipped": "yellow", "held": "yellow"}.get(result.status, "red")
+        self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
+                 + (f": {result.reason}" if result.reason else ""))
+        self.bar.advance(self.overall)
+
+
+def schema_table(section: str) -> Table:
+    from qwen3lab.experiment.files import Chapter, Experiment
+    from qwen3lab.experiment.spec import SLO, EndpointConfig, EngineConfig, Workload
+
+    models = {"engine": EngineConfig, "endpoint": EndpointConfig, "workload": Workload, "slo": SLO,
+              "experiment": Experiment, "chapter": Chapter}
+    if section not in models:
+        raise SpecError("section", section, ", ".join(models), "pick one of those")
+    model = models[section]
+    t = Table(title=f"{section} fields")
+    for name in ("field", "type", "default", "description"):
+        t.add_column(name, overflow="fold")
+    for name, f in model.model_fields.items():
+        default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+        t.add_row(name, str(f.annotation).replace("typing.", ""), default, f.description or "")
+    return t
+
+
+class SweepProgress(SweepListener):
+    """sweep.sweep shown as a progress bar over the notebooks, with each kernel's lines printed above it."""
+
+    def __init__(self, console):
+        self.console = console
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console, transient=False)
+        self.name, self.overall = "", None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def started(self, experiment, executions) -> None:
+        self.name = experiment
+        self.overall = self.bar.add_task(f"[bold]sweep {experiment}", total=len(executions))
+
+    def notebook_started(self, ex) -> None:
+        self.bar.update(self.overall, description=f"[bold]sweep {self.name}[/]: {ex.notebook}")
+
+    def kernel_line(self, ex, line: str) -> None:
+        self.bar.console.print(f"[dim]{ex.notebook}[/] {line}", markup=True, highlight=False, soft_wrap=True)
+
+    def notebook_finished(self, ex) -> None:
+        colour = {"ok": "green", "interrupted": "yellow"}.get(ex.status, "red")
+        self.bar.console.print(f"[{colour}]{ex.status:>11}[/] {ex.notebook} ({ex.seconds:.0f} s) -> "
+                               f"{ex.output_path}" + (f"\n            {ex.error}" if ex.error else ""), highlight=False)
+        self.bar.advance(self.overall)
+
+    def stopped(self) -> None:
+        self.bar.console.print("[yellow]sweep stopped; run the same command again to resume[/]")
+
+
+def sweep_table(result, db: str) -> Table:
+    """One row per executed notebook: status, seconds, and the runs it stored, by status."""
+    from qwen3lab.store import Store
+
+    runs = Store(db).runs(experiment=result.experiment)
+    t = Table(title=f"sweep {result.experiment}")
+    for col in ("notebook", "status", "seconds", "runs stored (this notebook)", "output"):
+        t.add_column(col, overflow="fold")
+    for ex in result.executions:
+        mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
+        counts = mine.status.value_counts().to_dict() if not mine.empty else {}
+        t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-",
+                  ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
+    return t
+
+
+# --- hardware: `qwen3lab plan`, `calibrate`, `probe` ----------------------------------------------------
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k" if n >= 1e4 else f"{n:,}"
+
+
+def plan_table(rows: list[dict]) -> Table:
+    """`qwen3lab plan`: one row per quantization x KV dtype x max_model_len."""
+    from qwen3lab.hardware.catalogue import get_gpu
+
+    first = rows[0]
+    conc_key = next(k for k in first if k.startswith("concurrency_at_"))
+    conc_len = int(conc_key.rsplit("_", 1)[-1])
+    batches = [int(k.split("_b")[-1]) for k in first if k.startswith("decode_tok_s_b")]
+    gpu = get_gpu(first["gpu"])
+    t = Table(title=f"{gpu.name}: {gpu.cuda_total_gib or gpu.memory_gib} GiB, {gpu.bandwidth_gbs:,.0f} GB/s, "
+                    f"{gpu.bf16_tflops:g} BF16 TFLOP/s; vLLM defaults")
+    for name in ("weights", "KV", "max len", "fits", "weights GiB", "KV GiB", "KV tokens",
+                 f"seqs @ {conc_len // 1024}k", *(f"tok/s b={b}" for b in batches)):
+        t.add_column(name, justify="left" if name in ("weights", "KV", "fits") else "right")
+    for r in rows:
+        ok = r["fits"]
+        conc = f"{r[conc_key]:,}" + ("=max" if r["concurrency_limited_by"] == "max_num_seqs" else "")
+        speeds = [f"{r[f'decode_tok_s_b{b}']:,.0f}" + ("" if ok and r[f"decode_fits_b{b}"] else "*") for b in batches]
+        t.add_row(r["quantization"] if r["quantization"] == r["weights"] else f"{r['quantization']} ({r['weights']})",
+                  r["kv_cache_dtype"], f"{r['max_model_len']:,}" + (" Y" if r["needs_yarn"] else ""),
+                  "[green]yes[/]" if ok else "[red]no[/]", f"{r['weights_gib']:.1f}",
+                  f"{r['kv_gib']:.1f}" if ok else "-", _tokens(r["kv_capacity_tokens"]) if ok else "-",
+                  conc if ok else "-", *speeds)
+    t.caption = (f"KV tokens: vLLM's 'KV cache size' (weights, runtime and CUDA-graph memory estimated). "
+                 f"seqs: sequences of {conc_len:,} tokens that fit at once (=max: capped by max_num_seqs). "
+                 f"tok/s: roofline ceiling on decode tokens/s over the batch at {first['context']:,} tokens of "
+                 "context each (datasheet bandwidth and tensor rate); * = that batch does not fit, or the "
+                 "configuration does not start. Y = needs YaRN. Why a row does not fit: --json, does_not_fit.")
+    return t
+
+
+def calibration_table(result: dict) -> Table:
+    """`qwen3lab calibrate`: predicted vs measured decode step at each batch size, for each variant."""
+    t = Table(title=f"{result['gpu_name']} (measured): copy {result['copy_bandwidth_gbs']:,.0f} GB/s, GEMV "
+                    f"{result['gemv_bandwidth_gbs']:,.0f} GB/s + {result['gemv_overhead_us']:.1f} us, BF16 "
+                    f"{result['matmul_bf16_tflops']:,.0f} TFLOP/s, kernel floor {result['kernel_floor_us']:.2f} us; "
+                    f"decode step of {result['model']}, {result['context']:,} tokens of context")
+    for name in ("step", "batch", "measured ms", "roofline ms", "A ms", "A error", "B ms", "B error", "kernels", "bound"):
+        t.add_column(name, justify="left" if name == "step" else "right")
+    judged = result["judged"]
+    for variant, got in result["variants"].items():
+        for r in got["decode"]:
+            cells = []
+            for key in ("a", "b"):
+                err = r[f"error_{key}"]
+                mark = variant == judged["variant"] and judged["prediction"] == f"predicted_{key}_ms"
+                colour = ("green" if abs(err) <= result["target_error"] else "red") if mark else "dim"
+                cells += [f"{r[f'predicted_{key}_ms']:.3f}", f"[{colour}]{err:+.1%}[/]"]
+            t.add_row(variant, str(r["batch"]), f"{r['measured_ms']:.3f}", f"{r['roofline_ms']:.3f}", *cells,
+                      str(r["kernels"]), r["bound"])
+    t.caption = (f"A: {' '.join(result['predictions']['A'].split())}. B: {' '.join(result['predictions']['B'].split())}. Judged: {judged['variant']} "
+                 f"step, prediction {judged['prediction'].split('_')[1].upper()}; worst error {result['worst_error']:.1%} (target "
+                 f"{result['target_error']:.0%}): " + ("within target" if result["within_target"] else "NOT within target"))
+    return t
+
+
+def probe_table(probe: dict) -> Table:
+    """`qwen3lab probe`: this machine's CPU, NUMA nodes and GPUs."""
+    t = Table(title=f"{probe['host']}: {probe['cpu']}", show_header=False)
+    topo = probe.get("cpu_topology") or {}
+    t.add_row("CPU", f"{topo.get('sockets')} socket(s), {topo.get('physical_cores')} cores, "
+                     f"{topo.get('logical_cpus')} threads ({topo.get('allowed_cpus')} allowed to this process)")
+    mem = probe.get("memory_gib")
+    t.add_row("memory", f"{mem:.1f} GiB" if mem else "?")
+    for node in probe.get("numa") or []:
+        gib = f", {node['memory_gib']} GiB" if node.get("memory_gib") else ""
+        t.add_row(f"NUMA node {node['node']}", f"CPUs {node['cpus']}{gib}")
+    for g in probe.get("gpus") or []:
+        link = f"PCIe gen {g.get('pcie_gen')} x{g.get('pcie_width')} (max gen {g.get('pcie_gen_max')} x{g.get('pcie_width_max')})"
+        t.add_row(f"GPU {g['index']}", f"{g['name']} ({g.get('catalogue_id') or 'not in the catalogue'}), "
+                                      f"{g['memory_total_mib'] / 1024:.1f} GiB, sm{''.join(map(str, g.get('compute_capability') or []))}, "
+                                      f"driver {g['driver']} (CUDA {g['cuda_driver']}), SM {g.get('sm_clock_mhz')}/"
+                                      f"{g.get('sm_clock_max_mhz')} MHz, {link}, NUMA node {g.get('numa_node')}")
+    if not probe.get("gpus"):
+        t.add_row("GPU", probe.get("no_gpu_reason") or "none")
+    return t
+
+
+def calibration_markdown(result: dict) -> str:
+    """The calibration as markdown, committed beside its JSON (experiments/calibration/<gpu>.md)."""
+    judged = result["judged"]
+    key = judged["prediction"].split("_")[1].upper()
+    lines = [
+        f"# Calibration: {result['gpu_name']}",
+        "",
+        f"Measured {result['measured_at']} with torch {result['torch']} (CUDA {result['cuda_runtime']}), "
+        f"`python -m qwen3lab.hardware.calibrate --json` (same as `qwen3lab calibrate`); the numbers are in "
+        f"`{result['gpu_id']}.json`, the history of how the method got here in `NOTES.md`.",
+        "",
+        "| limit (measured here) | value | datasheet |",
+        "|---|---|---|",
+        f"| CUDA total memory | {result['cuda_total_gib']:.2f} GiB | {(result['datasheet'] or {}).get('memory_gib', '-')} GB (marketed) |",
+        f"| copy bandwidth (read + write) | {result['copy_bandwidth_gbs']:,.0f} GB/s | "
+        f"{(result['datasheet'] or {}).get('bandwidth_gbs', 0):,.0f} GB/s |",
+        f"| GEMV weight streaming | {result['gemv_bandwidth_gbs']:,.0f} GB/s + {result['gemv_overhead_us']:.2f} us per GEMV | |",
+        f"| BF16 matrix rate (8192^3) | {result['matmul_bf16_tflops']:,.0f} TFLOP/s | "
+        f"{(result['datasheet'] or {}).get('bf16_tflops', '-')} TFLOP/s |",
+        f"| FP8 matrix rate (8192^3) | {result['matmul_fp8_tflops'] or 0:,.0f} TFLOP/s | "
+        f"{(result['datasheet'] or {}).get('fp8_tflops', '-')} TFLOP/s |",
+        f"| kernel floor (tiny kernel in a CUDA graph) | {result['kernel_floor_us']:.2f} us | |",
+        "",
+        f"Decode step of `{result['model']}` (random BF16 weights, {result['context']:,} cached tokens per "
+        "sequence, replayed from a CUDA graph; median of "
+        f"{result['repeat']}). Predictions, from the planner's op list and the limits above only:",
+        f"- A: {' '.join(result['predictions']['A'].split())}.",
+        f"- B: {' '.join(result['predictions']['B'].split())}.",
+        "",
+        f"Judged: the **{judged['variant']}** step against prediction **{key}**: worst error "
+        f"**{result['worst_error']:.1%}**, target {result['target_error']:.0%}: "
+        + ("**within target at every batch size**." if result["within_target"] else "**not within target**."),
+        "The judged step and prediction were fixed before the run that produced this file; NOTES.md records "
+        "every run, those that missed too, and what was changed after each.",
+        "",
+    ]
+    for variant, got in result["variants"].items():
+        lines += [f"## {variant}", "", got["doc"], "",
+                  "| batch | measured ms | roofline ms | A ms | A error | B ms | B error | kernels |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in got["decode"]:
+            lines.append(f"| {r['batch']} | {r['measured_ms']:.3f} | {r['roofline_ms']:.3f} | {r['predicted_a_ms']:.3f} | "
+                         f"{r['error_a']:+.1%} | {r['predicted_b_ms']:.3f} | {r['error_b']:+.1%} | {r['kernels']} |")
+        lines.append("")
+    return "\n".join(lines)
