@@ -62,7 +62,12 @@ def run(
             results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
-    console.print(terminal.results_table(results, db))
+    try:
+        console.print(terminal.results_table(results, db))
+    except Qwen3LabError as exc:  # the file is held elsewhere: what was measured is in the spool, say so
+        err.print(f"[yellow]cannot read the results table now ({exc}); `qwen3lab runs --db {db}` shows them later[/]",
+                  highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()

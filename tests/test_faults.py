@@ -175,6 +175,7 @@ def test_db_held_by_another_process(tiny_server, tmp_path):
         assert holder.stdout.readline().strip() == "held"
         out = " ".join(finish(proc).split())
         assert "DuckDB refused the run's writes" in out and "lock" in out.lower(), out
+        assert proc.returncode == 1 and "cannot read the results table now" in out  # said, not a traceback
     finally:
         holder.kill()
         holder.wait()
