@@ -251,7 +251,7 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
             sampler.stop()
             flusher.flush()
             # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
-            summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
+            summary = _summary(store, run_id, flusher, result, trial)
             summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                         "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
             summary |= sampler.summary() if sampler.samples else {}
@@ -286,6 +286,17 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
         reason = _store_final(store, spool, run_id, hide(finish_fields(status, reason, summary, **extra)),
                               [e for e in (*store_errors, flusher.store_error) if e], log)
     return TrialResult(trial, run_id, status, reason, summary)
+
+
+def _summary(store: Store, run_id: str, flusher: _Flusher, result: LoadResult, trial: Trial) -> dict:
+    """Metrics over the stored rows; when DuckDB refused some of them, over the same rows built from the
+    records in memory (what the spool holds), so a full disk or a held file does not turn a run into a failure."""
+    if flusher.store_error is None:
+        try:
+            return metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
+        except Exception:  # noqa: BLE001 - DuckDB refused the read: fall back to the records below
+            flusher.store_error = flusher.store_error or "reading the run's rows back failed"
+    return metrics.summarize(metrics.RequestTable.from_records(result.records), result.duration_s, trial.slo)
 
 
 def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: list[str], log) -> str | None:
