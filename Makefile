@@ -48,7 +48,7 @@ lab: install
 	$(BIN)/jupyter lab notebooks/
 
 bench: install
-	$(BIN)/python bench/loadgen_vs_vllm_bench.py
+	$(BIN)/python bench/fidelity_bench.py
 
 bench-dashboard: install
 	$(BIN)/python bench/dashboard_bench.py

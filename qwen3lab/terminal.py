@@ -117,8 +117,9 @@ class TrialProgress(Listener):
 
     def __init__(self, console):
         self.console = console
+        # Redrawn once a second (rich's default is 10): the redraw shares the GIL and the CPU with the load.
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=False)
+                            console=console, transient=False, refresh_per_second=1)
         super().__init__(log=self.bar.console.print)
         self.overall = self.task = None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from qwen3lab.analysis import metrics
 from qwen3lab.measure import runner, workload as wl
 from qwen3lab.measure.loadgen import run_load
 from qwen3lab.experiment.spec import SLO, RequestClass, Trial
-from qwen3lab.measure.telemetry import MetricsScraper, parse_metrics
+from qwen3lab.measure.telemetry import MetricsScraper, parse_metrics, scrape_once
 
 from .conftest import small_workload, tiny_config
 
@@ -73,22 +74,23 @@ def test_request_rate_spaces_the_sends(tiny_server, tok):
 
 
 def test_scraper_reads_vllm_metrics(tiny_server, tok):
-    async def scrape():
-        import aiohttp
-
-        s = MetricsScraper(tiny_server.base_url, 1.0, 0.0)
-        async with aiohttp.ClientSession() as session:
-            await s.scrape_once(session)
-        return {name: v for _, _, name, v in s.samples}
-
-    before = asyncio.run(scrape())
-    w = small_workload(num_requests=4, mix=[RequestClass(name="s", prompt_tokens=8, output_tokens=16)])
-    _load(tiny_server, w, tok)
-    after = asyncio.run(scrape())
-    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 4 * 16
-    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == 4 * 8
-    assert 0 <= after["vllm:kv_cache_usage_perc"] <= 1
-    assert {"vllm:num_requests_running", "vllm:prefix_cache_queries_total"} <= set(after)
+    # The scraper is a child process (off the load's loop); its clock is perf_counter's, in every process.
+    t0 = time.perf_counter()
+    with MetricsScraper(tiny_server.base_url, 0.2, t0, tiny_server.headers) as scraper:
+        w = small_workload(num_requests=4, mix=[RequestClass(name="s", prompt_tokens=8, output_tokens=16)])
+        time.sleep(0.5)  # a first scrape before the load
+        _load(tiny_server, w, tok)
+    elapsed = time.perf_counter() - t0
+    series = {}
+    for t, source, name, v in scraper.samples:
+        assert source == "vllm" and 0 <= t <= elapsed
+        series.setdefault(name, []).append(v)
+    assert scraper.errors == 0 and len(series["vllm:generation_tokens_total"]) >= 2
+    gen, prompt = series["vllm:generation_tokens_total"], series["vllm:prompt_tokens_total"]
+    assert gen[-1] - gen[0] == 4 * 16 and prompt[-1] - prompt[0] == 4 * 8  # the final scrape saw the last request
+    assert all(0 <= v <= 1 for v in series["vllm:kv_cache_usage_perc"])
+    assert {"vllm:num_requests_running", "vllm:prefix_cache_queries_total"} <= set(series)
+    assert scrape_once(tiny_server.base_url + "/no-such-page") is None
 
 
 def test_parse_metrics_sums_label_sets_and_reads_old_names():
@@ -96,5 +98,10 @@ def test_parse_metrics_sums_label_sets_and_reads_old_names():
             'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
             'vllm:num_requests_running{engine="1",model_name="m"} 3.0\n'
             '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
-            '# TYPE other_metric gauge\nother_metric 7\n')
-    assert parse_metrics(text) == {"vllm:num_requests_running": 5.0, "vllm:kv_cache_usage_perc": 0.5}
+            '# TYPE other_metric gauge\nother_metric 7\n'
+            '# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{model_name="a b}c"} 12.0 1700000000\n'
+            'vllm:prompt_tokens_created{model_name="m"} 1.7e9\n'
+            'vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 4.0\n'
+            'vllm:generation_tokens_total 3e2\n')
+    assert parse_metrics(text) == {"vllm:num_requests_running": 5.0, "vllm:kv_cache_usage_perc": 0.5,
+                                   "vllm:prompt_tokens_total": 12.0, "vllm:generation_tokens_total": 300.0}

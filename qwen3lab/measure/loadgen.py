@@ -4,11 +4,14 @@ A chunk counts when it carries choices (its text may be empty); TTFT is the firs
 exactly as vLLM's own benchmark client times them. The client stays light on purpose: on a small machine it
 shares the CPU with the server it measures, so the HTTP stream is parsed in an asyncio Protocol where the
 bytes arrive (no reader task, no per-token coroutine switch), chunks are recognised by bytes, and only the
-closing usage chunk is parsed as JSON.
+closing usage chunk is parsed as JSON. Every request's bytes are made before the load, the garbage collector's
+heap is frozen during it, and `on_done` must stay O(1) (an append): storing, telemetry and progress happen
+elsewhere (measure/runner.py, measure/telemetry.py).
 """
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -21,7 +24,7 @@ from qwen3lab.analysis import metrics
 from qwen3lab.experiment.spec import Workload
 from qwen3lab.measure.workload import Request, arrival_offsets
 
-_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')  # tested one by one: no generator per token
 
 
 @dataclass
@@ -53,6 +56,19 @@ class LoadResult:
     duration_s: float  # first measured send to last measured completion
     client_cpu_s: float  # CPU seconds this process spent during the measured load
     t0_perf: float  # time.perf_counter() when the measured load began: the origin of every `sent_at`
+    loop_lag_s: list[float] = field(default_factory=list)  # how late each LAG_PROBE_S wake-up of the loop came
+
+
+LAG_PROBE_S = 0.02
+
+
+async def _probe_loop_lag(lags: list[float]) -> None:
+    """How late the loop wakes: a stalled client (its own work, or no CPU for it) delays every timestamp taken
+    meanwhile, so each run stores what its client's stalls were, beside the figures they would skew."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(max(0.0, time.perf_counter() - t - LAG_PROBE_S))  # libuv's ms timers may wake a hair early
 
 
 def _payload(api: str, model: str, req: Request, workload: Workload) -> dict:
@@ -193,7 +209,7 @@ async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: Req
         payload = msg[5:].strip()
         if payload == b"[DONE]":
             return
-        if b'"choices"' in payload and not any(e in payload for e in _EMPTY_CHOICES):
+        if b'"choices"' in payload and _EMPTY_CHOICES[0] not in payload and _EMPTY_CHOICES[1] not in payload:
             chunks.append(now - st)
             return
         doc = json.loads(payload)
@@ -262,9 +278,14 @@ async def run_load(
               f"Accept: text/event-stream\r\nConnection: close\r\n{extra}")
     records: list[RequestRecord] = []
 
-    async def limited(req: Request, rec: RequestRecord, t0: float, held: bool = False):
+    # Every request's bytes are made before the first send: nothing is serialised on the loop that reads streams.
+    wire: dict[int, tuple[bytes, bytes]] = {}
+    for req in requests:
         body = json.dumps(_payload(api, model, req, workload)).encode()
-        head = (prefix + f"Content-Length: {len(body)}\r\n\r\n").encode()
+        wire[id(req)] = ((prefix + f"Content-Length: {len(body)}\r\n\r\n").encode(), body)
+
+    async def limited(req: Request, rec: RequestRecord, t0: float, held: bool = False):
+        head, body = wire[id(req)]
         try:
             if sem is None or held:
                 await _one(host, port, ssl_ctx, head, body, rec, t0, workload.request_timeout_s)
@@ -290,8 +311,13 @@ async def run_load(
     measured = requests[n_warm:]
     offsets = arrival_offsets(workload, len(measured))
     deadline = workload.duration_s
+    # As vLLM's own client does: what exists now (imports, prompts, the tokenizer) moves out of the collector's
+    # reach, so that no full collection walks it (tens of ms, a stalled read) while streams are timed.
+    gc.collect()
+    gc.freeze()
     cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
-    tasks = []
+    tasks, lags = [], []
+    probe = asyncio.create_task(_probe_loop_lag(lags))
     # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
     # queued past a deadline and sending stops at once when the server is gone.
     closed = offsets is None and sem is not None
@@ -320,8 +346,9 @@ async def run_load(
             i += 1
         await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
+        for task in tasks + [probe]:
             task.cancel()
+        gc.unfreeze()
     ends = [r.sent_at + r.e2el for r in records if not r.warmup and r.e2el is not None]
     duration = (max(ends) if ends else time.perf_counter() - t0)
-    return LoadResult(records, started, duration, time.process_time() - cpu0, t0)
+    return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags)

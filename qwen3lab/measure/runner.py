@@ -2,14 +2,16 @@
 
 The run row is written before the server starts (status running) and finished after: ok, failed (did not
 start), oom, timeout (no /health), crashed (died during the load), skipped (cannot run here), or
-interrupted (Ctrl-C). Finished requests are flushed to the store while the load runs.
+interrupted (Ctrl-C). Finished requests are stored right after the load (every FLUSH_EVERY_S during a long
+one), also when it ends in an error or Ctrl-C: nothing is stored, scraped or drawn on the loop that times the
+streams (issue 16; bench/fidelity_bench.py measures it).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +31,10 @@ from qwen3lab.store import HEARTBEAT_S, Owner, Store, finish_fields, new_run_id,
 from qwen3lab.store import now as store_now
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
-FLUSH_EVERY_S = 2.0
+# Progress is shown every second; requests are written to DuckDB during a load only every 30 s (long loads,
+# soaks), since each write stalls the client that times the streams (see _Flusher).
+PROGRESS_EVERY_S = 1.0
+FLUSH_EVERY_S = 30.0
 
 
 @dataclass
@@ -60,48 +65,64 @@ def git_commit(path: str | None) -> str | None:
 
 
 class _Flusher:
-    """Collects finished records from the event loop and writes them from a thread every few seconds:
-    to the run's spool first (fsync'ed), then to DuckDB. A refused DuckDB write is noted, not fatal: the rows
-    are safe in the spool, and the end of the trial (or the next start) ingests them."""
+    """Takes finished records from the event loop (an append, nothing else) and stores them from a thread.
+
+    The loop that timestamps streams must not wait for anything: a DuckDB write (a connection, Arrow tables,
+    DuckDB's own threads) or a progress bar holds the GIL and the CPU the server needs. So the thread advances
+    the progress bar and appends new records to the run's spool (one JSON line, fsync'ed: what a kill leaves)
+    every PROGRESS_EVERY_S, and writes to DuckDB only every FLUSH_EVERY_S (a load of a few hundred requests is
+    stored once, right after it); leaving the `with` stores the rest, also after an error or Ctrl-C. Records
+    are never swapped out: a refused DuckDB write (disk full, the file held elsewhere) is noted in
+    `store_error` and retried by the next one; the spool has them meanwhile.
+    """
 
     def __init__(self, store: Store, spool: Spool, run_id: str, progress: Callable[[int], None] | None):
         self.store, self.spool, self.run_id, self.progress = store, spool, run_id, progress
-        self.pending: list[RequestRecord] = []
-        self.written = 0
+        self.records: list[RequestRecord] = []  # only ever appended to, by the loop
+        self.spooled = 0  # records[:spooled] are in the spool
+        self.written = 0  # records[:written] are in the store
+        self.shown = 0  # records[:shown] were counted on the progress bar
         self.store_error: str | None = None
-        self.lock = threading.Lock()
-        self.write_lock = threading.Lock()  # the loop and a final flush never append the same batch twice
+        self.lock = threading.RLock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-flush")
 
     def add(self, rec: RequestRecord) -> None:
+        self.records.append(rec)  # list.append is atomic under the GIL: no lock on the loop
+
+    def show(self) -> None:
+        upto = len(self.records)
+        if self.progress and upto > self.shown:
+            self.progress(sum(not r.warmup for r in self.records[self.shown:upto]))
+        self.shown = upto
+
+    def spool_new(self) -> None:
         with self.lock:
-            self.pending.append(rec)
-        if self.progress and not rec.warmup:
-            self.progress(1)
+            upto = len(self.records)
+            if upto > self.spooled:
+                self.spool.add_requests([request_row(r) for r in self.records[self.spooled:upto]])
+                self.spooled = upto
 
     def flush(self) -> None:
-        with self.write_lock:
-            with self.lock:
-                batch, self.pending = self.pending, []
-            if not batch:
-                return
-            rows = [request_row(r) for r in batch]
-            try:
-                self.spool.add_requests(rows)
-            except OSError:
-                with self.lock:  # not safe anywhere yet: keep them for the next try
-                    self.pending[:0] = batch
-                raise
-            self.written += len(batch)
-            self.store_error = _try_store(self.store.add_requests, self.run_id, rows) or self.store_error
+        with self.lock:  # the thread's periodic write and the caller's last one
+            self.spool_new()  # OSError (the spool's disk is full too) reaches the caller: nothing is safe yet
+            if self.spooled > self.written:
+                rows = [request_row(r) for r in self.records[self.written:self.spooled]]
+                self.store_error = _try_store(self.store.add_requests, self.run_id, rows)
+                if self.store_error is None:
+                    self.written = self.spooled
 
     def _loop(self) -> None:
-        while not self.stop.wait(FLUSH_EVERY_S):
+        last_flush = time.monotonic()
+        while not self.stop.wait(PROGRESS_EVERY_S):
+            self.show()
             try:
-                self.flush()
+                self.spool_new()
+                if time.monotonic() - last_flush >= FLUSH_EVERY_S:
+                    self.flush()
+                    last_flush = time.monotonic()
             except OSError:
-                pass  # the spool's disk is full too: the records stay in memory, the final flush says so
+                pass  # the spool's disk is full: the records stay in memory; the last flush raises it
 
     def __enter__(self):
         self.thread.start()
@@ -110,6 +131,7 @@ class _Flusher:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join()
+        self.show()
         self.flush()
 
 
@@ -161,17 +183,9 @@ def _chat_template_tokens(server: engine.Server, trial: Trial) -> int:
         return 0  # not a vLLM server: prompt lengths then exclude the template
 
 
-async def _measure(server: engine.Server, requests, trial: Trial, on_done) -> tuple[LoadResult, list]:
-    scraper = MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers)
-    stop = asyncio.Event()
-    task = asyncio.create_task(scraper.run(stop))
-    try:
-        result = await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
-                                headers=server.headers, should_stop=lambda: not server.alive())
-    finally:
-        stop.set()
-        await task
-    return result, scraper.samples
+async def _measure(server: engine.Server, requests, trial: Trial, on_done) -> LoadResult:
+    return await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
+                          headers=server.headers, should_stop=lambda: not server.alive())
 
 
 def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | None, machine: dict) -> dict:
@@ -247,19 +261,27 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
-            result, scraped = run_sync(_measure(server, requests, trial, flusher.add))
+            # /metrics is scraped by a child process, never on the load's loop (see telemetry.MetricsScraper).
+            with MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers) as scraper:
+                result = run_sync(_measure(server, requests, trial, flusher.add))
+            scraped = scraper.samples
             sampler.stop()
             flusher.flush()
             # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
             summary = _summary(store, run_id, flusher, result, trial)
-            summary |= {"client_cpu_s": result.client_cpu_s, "max_model_len": max_len, "template_tokens": template,
-                        "client_cpu_s_per_1k_tokens": 1000 * result.client_cpu_s / max(summary["total_output_tokens"], 1)}
+            client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
+            summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
+                        "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
+            if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)
+                lag_ms = sorted(1000 * x for x in result.loop_lag_s)
+                summary |= {"client_loop_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))],
+                            "client_loop_lag_max_ms": lag_ms[-1]}
             summary |= sampler.summary() if sampler.samples else {}
             samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
             spool.add_samples(samples)
             store_errors.append(_try_store(store.add_samples, run_id, samples))
-            extra |= {"client_cpu_s": result.client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+            extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
             if not server.alive():
                 status, reason = server.death()
             elif summary["completed"] == 0:

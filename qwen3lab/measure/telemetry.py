@@ -1,10 +1,10 @@
 """Samples taken while a trial runs: vLLM's /metrics (scraped) and the GPU through NVML (sampled).
 
-Both produce (t, source, name, value) rows, t in seconds since the load started, stored in `samples`.
+Neither runs on the load generator's event loop: /metrics is scraped and parsed by a child process, NVML is
+read by a thread that spends its time in the driver. Both produce (t, source, name, value) rows, t in seconds since the load started, stored in `samples`.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -21,54 +21,121 @@ ALIASES = {"vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc", "vllm:num_pr
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The SCRAPED series from a Prometheus exposition, summed over label sets (one engine, one model)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """The SCRAPED series from a Prometheus exposition, summed over label sets (one engine, one model).
 
-    wanted = [line for line in text.splitlines() if line.startswith(("vllm:", "# TYPE vllm:"))]
+    A plain line scan, not prometheus_client's parser: it runs every `scrape_interval_s` while the load runs,
+    and the histograms' bucket lines (most of vLLM's exposition) are skipped at the cost of a prefix test."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families("\n".join(wanted) + "\n"):
-        for sample in family.samples:
-            name = ALIASES.get(sample.name, sample.name)
-            if name in SCRAPED:
-                out[name] = out.get(name, 0.0) + float(sample.value)
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue  # comments, other exporters' series
+        cut = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        name = ALIASES.get(line[:cut], line[:cut])
+        if cut < 0 or name not in SCRAPED:
+            continue
+        rest = line[line.rindex("}") + 1:] if line[cut] == "{" else line[cut:]
+        try:
+            value = float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue  # a malformed line: skipped, like a failed scrape
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
+def scrape_once(url: str, headers: dict | None = None, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """One GET of a /metrics URL, parsed; None when the server did not answer 200."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as resp:
+            return parse_metrics(resp.read().decode(errors="replace")) if resp.status == 200 else None
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
 class MetricsScraper:
-    """Scrapes base_url/metrics every `interval_s` inside the load generator's event loop."""
+    """Scrapes base_url/metrics every `interval_s` from a child process, never from the load's event loop.
+
+    A child of its own (stdlib only, started before the load) so that fetching and parsing take no GIL and no
+    event-loop time from the client that timestamps the streams; it sleeps between scrapes (bounded CPU) and
+    appends (monotonic time, name, value) lines to a file read once the load is over. The time base is
+    CLOCK_MONOTONIC, which `time.perf_counter()` reads too, in every process of the machine.
+    Use: `with MetricsScraper(url, 1.0, t0) as s: ...load...`, then `s.samples` (t = perf_counter() - t0).
+    """
 
     def __init__(self, base_url: str, interval_s: float, t0: float, headers: dict | None = None):
         self.url = base_url.rstrip("/") + "/metrics"
         self.interval_s, self.t0, self.headers = interval_s, t0, headers or {}
         self.samples: list[tuple[float, str, str, float]] = []
         self.errors = 0
+        self.cpu_s = 0.0  # CPU seconds the scraper's process spent
+        self._proc = None
+        self._out = None
 
-    async def scrape_once(self, session: "aiohttp.ClientSession") -> None:
-        import aiohttp
+    def start(self) -> "MetricsScraper":
+        import json
+        import subprocess
+        import sys
+        import tempfile
 
+        self._out = tempfile.NamedTemporaryFile("w+", prefix="qwen3lab-scrape-", suffix=".tsv")
+        # Headers (an API key) go through stdin, not argv: argv is visible to every user of the machine.
+        # This very file as a script, isolated (-I): the stdlib alone, whatever sys.path the caller has.
+        self._proc = subprocess.Popen([sys.executable, "-I", __file__, self.url,
+                                       str(self.interval_s), self._out.name], stdin=subprocess.PIPE,
+                                      stdout=subprocess.DEVNULL, text=True)
+        self._proc.stdin.write(json.dumps(self.headers) + "\n")
+        self._proc.stdin.flush()
+        return self
+
+    def stop(self) -> list[tuple[float, str, str, float]]:
+        """Ask for a last scrape (the final counters), wait for it and read every sample."""
+        if self._proc is None:
+            return self.samples
         try:
-            async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                if resp.status != 200:
-                    self.errors += 1
-                    return
-                text = await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            self.errors += 1
-            return
-        t = time.perf_counter() - self.t0
-        self.samples += [(t, "vllm", name, value) for name, value in parse_metrics(text).items()]
+            self._proc.stdin.close()  # EOF: scrape once more and exit
+            self._proc.wait(timeout=self.interval_s + 15)
+        except Exception:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+        for line in open(self._out.name):
+            t, name, value = line.rstrip("\n").split("\t")
+            if name == "!error":
+                self.errors += 1
+            elif name == "!cpu":
+                self.cpu_s = float(value)
+            else:
+                self.samples.append((float(t) - self.t0, "vllm", name, float(value)))
+        self._out.close()
+        return self.samples
 
-    async def run(self, stop: asyncio.Event) -> None:
-        import aiohttp
+    def __enter__(self):
+        return self.start()
 
-        async with aiohttp.ClientSession(headers=self.headers) as session:
-            while not stop.is_set():
-                await self.scrape_once(session)
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
-                except asyncio.TimeoutError:
-                    pass
-            await self.scrape_once(session)  # the final counters, after the last request
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _scrape_loop(url: str, interval_s: float, out_path: str) -> None:
+    """The child's loop: scrape, append, sleep; stdin's EOF asks for one last scrape, then exit."""
+    import json
+    import select
+    import sys
+
+    headers = json.loads(sys.stdin.readline() or "{}")
+    last = False
+    with open(out_path, "a") as out:
+        while True:
+            got, t = scrape_once(url, headers), time.perf_counter()
+            out.write("".join(f"{t}\t{n}\t{v}\n" for n, v in got.items()) if got is not None else f"{t}\t!error\t0\n")
+            out.flush()
+            if last:  # its own CPU, counted as the client's (what measuring cost this machine)
+                out.write(f"{t}\t!cpu\t{time.process_time()}\n")
+                return
+            ready, _, _ = select.select([sys.stdin], [], [], interval_s)
+            last = bool(ready) and not sys.stdin.readline()  # EOF: the load is over, take the final counters
 
 
 GPU_FIELDS = ("memory_used_mib", "utilization_pct", "memory_utilization_pct", "power_w", "sm_clock_mhz", "temperature_c")
@@ -211,3 +278,9 @@ class NvmlSampler:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+if __name__ == "__main__":  # the scraper's child process (see MetricsScraper)
+    import sys
+
+    _scrape_loop(sys.argv[1], float(sys.argv[2]), sys.argv[3])

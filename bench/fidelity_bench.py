@@ -1,0 +1,283 @@
+"""Fidelity: the figures `qwen3lab run` stores against `vllm bench serve`'s, on the same server, as users run them.
+
+Endpoint path: one vLLM server started by hand (its module, vLLM's defaults, log to a file), then rounds that
+alternate `qwen3lab run` of a `kind: endpoint` experiment (the real CLI, a subprocess, a fresh DuckDB each
+round) with `vllm bench serve` (its module through bench/vllm_bench_serve.py; random dataset, the same lengths,
+`--ignore-eos`, the same warm-ups), so that drift of the machine hits both; the server's own mean TTFT and TPOT
+over each round referee when the clients disagree. The launch path (`--launch-rounds`): rounds that alternate
+`qwen3lab run` of the experiment with `kind: vllm` (qwen3lab starts the server) and the same run against a
+server started by hand (`kind: endpoint`), a fresh server each: one client, only the launcher differs.
+Prints per-round tables and the medians' ratios (target: every figure within 5%; client CPU per 1,000 tokens
+at most half of vLLM's), and writes JSON under bench/results/ with the machine's load average.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/fidelity_bench.py [--rounds 5] [--launch-rounds 1]
+        [--requests 200] [--concurrency 16] [--tokens 128] [--warmup 8]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from qwen3lab.models import resolve_model_path  # noqa: E402
+
+MODEL = "builtin:qwen3-tiny"
+FIELDS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "cpu_s_per_1k_tokens")
+SHORT = dict(zip(FIELDS, ("out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "CPU s/1k tok")))
+TOOLS = ("vllm bench serve", "qwen3lab run")
+
+
+def _env(repo: Path = REPO) -> dict:
+    return {**os.environ, "PYTHONPATH": str(repo), "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HandServer:
+    """`vllm serve` as a user starts it by hand: the module, vLLM's defaults, output to a log file."""
+
+    def __init__(self, log: Path, timeout_s: float = 900):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = str(resolve_model_path(MODEL))
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+                "--load-format", "dummy", "--max-model-len", "2048", "--port", str(self.port)]
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=_env(),
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited ({self.proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise SystemExit(f"the server was not ready after {timeout_s} s; see {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+SERVER_SIDE = {"server_mean_ttft_ms": "vllm:time_to_first_token_seconds",
+               "server_mean_tpot_ms": "vllm:request_time_per_output_token_seconds"}
+
+
+def server_sums(url: str) -> dict[str, float]:
+    """The server's own TTFT and TPOT histograms (sum and count): the referee when the two clients disagree."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for hist in SERVER_SIDE.values():
+            for part in ("_sum", "_count"):
+                if line.startswith(hist + part):
+                    out[hist + part] = out.get(hist + part, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def with_server_view(url: str, measure) -> dict:
+    """`measure()`'s figures, with the server's mean TTFT and TPOT over the same round (warm-ups included)."""
+    before = server_sums(url)
+    got = measure()
+    after = server_sums(url)
+    for key, hist in SERVER_SIDE.items():
+        n = after[hist + "_count"] - before[hist + "_count"]
+        got[key] = 1000 * (after[hist + "_sum"] - before[hist + "_sum"]) / n if n else float("nan")
+    return got
+
+
+def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
+    """One `vllm bench serve` round; its result JSON's figures."""
+    model = str(resolve_model_path(MODEL))
+    argv = [sys.executable, str(REPO / "bench" / "vllm_bench_serve.py"), "--backend", "vllm", "--base-url", url,
+            "--model", model, "--tokenizer", model, "--dataset-name", "random",
+            "--random-input-len", str(args.tokens), "--random-output-len", str(args.tokens),
+            "--random-range-ratio", "0", "--num-prompts", str(args.requests), "--max-concurrency",
+            str(args.concurrency), "--num-warmups", str(args.warmup), "--ignore-eos", "--seed", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
+            "--save-result", "--result-dir", str(work), "--result-filename", f"{tag}.json"]
+    subprocess.run(argv, check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = json.loads((work / f"{tag}.json").read_text())
+    return {"output_throughput": out["output_throughput"], "median_ttft_ms": out["median_ttft_ms"],
+            "p99_ttft_ms": out["p99_ttft_ms"], "median_tpot_ms": out["median_tpot_ms"],
+            "mean_ttft_ms": out["mean_ttft_ms"], "mean_tpot_ms": out["mean_tpot_ms"],
+            "cpu_s_per_1k_tokens": 1000 * out["client_cpu_s"] / out["client_cpu_tokens"],
+            "completed": out["completed"]}
+
+
+def experiment_yaml(args, engine: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump({
+        "name": "fidelity", "gpu": "cpu", "engine": engine,
+        "workload": {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
+                     "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.tokens}]},
+        "chapters": {"main": {"question": "fidelity", "trials": [{"name": "t"}]}},
+    })
+
+
+def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) -> dict:
+    """One `qwen3lab run` round (the real CLI, a subprocess, a fresh DuckDB); the figures it stored.
+    `repo`: the checkout whose qwen3lab runs (another commit's, to measure one change at a time)."""
+    from qwen3lab.store import Store
+
+    exp, db = work / f"{tag}.yaml", work / f"{tag}.duckdb"
+    exp.write_text(experiment_yaml(args, engine))
+    subprocess.run([sys.executable, "-m", "qwen3lab", "run", str(exp), "--db", str(db), "--runs-dir",
+                    str(work / "runs"), "--fresh"], check=True, env=_env(repo), stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, cwd=work)
+    runs = Store(db).runs(with_json=True)
+    row = runs.iloc[0]
+    if row.status != "ok":
+        raise SystemExit(f"qwen3lab run ended {row.status}: {row.reason}")
+    s = json.loads(row.summary_json)
+    return {k: s[k] for k in FIELDS[:-1] + ("mean_ttft_ms", "mean_tpot_ms", "completed")} | {
+        "cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"], "loop_lag_p99_ms": s.get("client_loop_lag_p99_ms"),
+        "loop_lag_max_ms": s.get("client_loop_lag_max_ms")}
+
+
+def endpoint_engine(server: HandServer) -> dict:
+    return {"kind": "endpoint", "url": server.url, "model": server.model, "tokenizer": server.model}
+
+
+LAUNCHED = {"kind": "vllm", "model": MODEL, "load_format": "dummy", "max_model_len": 2048,
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
+
+
+def endpoint_rounds(args, work: Path, console) -> dict:
+    rows = {t: [] for t in TOOLS}
+    with HandServer(work / "server.log") as server:
+        vllm_bench(server.url, argparse.Namespace(**{**vars(args), "requests": 16, "warmup": 0}), work, "prime")
+        for r in range(args.rounds):
+            for tool in TOOLS:
+                got = with_server_view(server.url, lambda: (
+                    vllm_bench(server.url, args, work, f"vllm-{r}") if tool == TOOLS[0] else
+                    qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}")))
+                rows[tool].append(got | {"loadavg_1m": os.getloadavg()[0]})
+                console.print(f"endpoint round {r + 1} {tool}: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS)
+                              + (f", client loop lag p99/max {got['loop_lag_p99_ms']:.1f}/{got['loop_lag_max_ms']:.1f} ms"
+                                 if got.get("loop_lag_p99_ms") is not None else ""))
+    return rows
+
+
+BY_HAND, LAUNCHING = "qwen3lab run, server by hand", "qwen3lab run (kind: vllm)"
+
+
+def launch_rounds(args, work: Path, console) -> dict:
+    """The same client both sides, so that only who started the server differs; a fresh server each."""
+    rows = {BY_HAND: [], LAUNCHING: []}
+    for r in range(args.launch_rounds):
+        with HandServer(work / f"hand-{r}.log") as server:
+            got = qwen3lab_run(endpoint_engine(server), args, work, f"hand-{r}") | {"loadavg_1m": os.getloadavg()[0]}
+        rows[BY_HAND].append(got)
+        console.print(f"launch round {r + 1} by hand: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
+        got = qwen3lab_run(LAUNCHED, args, work, f"launch-{r}") | {"loadavg_1m": os.getloadavg()[0]}
+        rows[LAUNCHING].append(got)
+        console.print(f"launch round {r + 1} qwen3lab: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
+    return rows
+
+
+def compare(rows: dict, title: str, console, cpu_half: bool = True) -> dict:
+    """Per-round table, medians and their ratios (ours / theirs) with the target's verdict: every figure within
+    5%, and client CPU at most half (`cpu_half`, against vLLM's client) or within 5% (the same client)."""
+    from rich.table import Table
+
+    theirs, ours = list(rows)
+    table = Table(title=title)
+    table.add_column("round")
+    for name in rows:
+        for k in FIELDS:
+            table.add_column(f"{name}: {SHORT[k]}", justify="right")
+    table.add_column("load (1 min)", justify="right")
+    for r, pair in enumerate(zip(rows[theirs], rows[ours])):
+        table.add_row(str(r + 1), *(f"{x[k]:.2f}" for x in pair for k in FIELDS), f"{pair[1]['loadavg_1m']:.1f}")
+    med = {name: {k: statistics.median(x[k] for x in runs) for k in FIELDS} for name, runs in rows.items()}
+    table.add_row("median", *(f"{med[n][k]:.2f}" for n in rows for k in FIELDS), "", style="bold")
+    console.print(table)
+    ratios, meets = {}, {}
+    for k in FIELDS:
+        ratios[k] = med[ours][k] / med[theirs][k] if med[theirs][k] else float("nan")
+        meets[k] = bool(ratios[k] <= 0.5 if k == "cpu_s_per_1k_tokens" and cpu_half else abs(ratios[k] - 1) <= 0.05)
+    if all("server_mean_ttft_ms" in x for runs in rows.values() for x in runs):
+        for name, runs in rows.items():  # each client's means against the server's own over its rounds
+            console.print(f"{name}: " + ", ".join(
+                f"{m} client/server {statistics.median(x[f'mean_{m}_ms'] / x[f'server_mean_{m}_ms'] for x in runs):.3f}"
+                for m in ("ttft", "tpot")) + " (medians over rounds of the means' ratio)")
+    console.print(f"{ours} / {theirs} (medians): " + ", ".join(
+        f"{k} {ratios[k]:.3f} {'ok' if meets[k] else 'MISSED'}" for k in FIELDS))
+    return {"rounds": rows, "median": med, "ratio": ratios, "meets_target": meets}
+
+
+def machine_load() -> dict:
+    return {"loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+
+
+def main() -> None:
+    from rich.console import Console
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating endpoint rounds (0: none)")
+    ap.add_argument("--launch-rounds", type=int, default=1, help="alternating launch-path rounds, a fresh server each")
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=128, help="prompt and output tokens per request")
+    ap.add_argument("--warmup", type=int, default=8, help="warm-up requests before each measured load")
+    ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))
+    args = ap.parse_args()
+    console = Console(width=250)
+    load_before = machine_load()
+    result = {"args": vars(args), "load_before": load_before}
+    with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
+        what = f"{args.requests} requests x {args.tokens} in / {args.tokens} out, concurrency {args.concurrency}"
+        if args.rounds:
+            result["endpoint"] = compare(endpoint_rounds(args, Path(tmp), console),
+                                         f"endpoint: one server by hand, {what}", console)
+        if args.launch_rounds:
+            result["launch"] = compare(launch_rounds(args, Path(tmp), console),
+                                       f"launch path: a fresh server per run, {what}", console, cpu_half=False)
+    result["load_after"] = machine_load()
+    console.print(f"target: every figure within 5% of vLLM's tool, client CPU at most half; machine load "
+                  f"(1/5/15 min) before {load_before['loadavg']}, after {result['load_after']['loadavg']}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
