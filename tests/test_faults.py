@@ -223,9 +223,9 @@ def test_dashboard_stopped_leaves_no_child_and_no_port(tmp_path, sig):
 
 
 class DroppingProxy:
-    """A real TCP proxy in front of the session's vLLM server that cuts the connection carrying the stream
-    each time the bytes it has forwarded pass another `every` bytes: a load balancer or a network dropping
-    connections mid-stream."""
+    """A real TCP proxy in front of the session's vLLM server that cuts the connection carrying a streamed
+    answer each time the answer bytes it has forwarded pass another `every` bytes: a load balancer or a
+    network dropping connections mid-stream."""
 
     def __init__(self, upstream_port: int, every: int):
         import asyncio
@@ -260,8 +260,11 @@ class DroppingProxy:
                 writer.close()
 
         async def handle(client_r, client_w):
+            first = await client_r.read(512)
+            streams = first.startswith(b"POST /v1/")  # cut streamed answers only, not /metrics scrapes or /health
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-            await asyncio.gather(pipe(client_r, up_w, False, client_w), pipe(up_r, client_w, True, up_w))
+            up_w.write(first)
+            await asyncio.gather(pipe(client_r, up_w, False, client_w), pipe(up_r, client_w, streams, up_w))
 
         async def main():
             self.server = await asyncio.start_server(handle, "127.0.0.1", self.port)
