@@ -7,7 +7,10 @@ DB ?= qwen3lab.duckdb
 # imports them when present: text models need them gone.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
-.PHONY: install demo test bench bench-dashboard dashboard sweep notebooks lab clean
+# The GPU suite (CI never runs it): one short real run per GPU path. GPU_PY may be a GPU host's own python.
+GPU_PY ?= $(BIN)/python
+
+.PHONY: install demo test test-gpu bench bench-dashboard dashboard sweep notebooks lab clean
 
 install: $(VENV)/.installed
 
@@ -23,11 +26,15 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "numactl not installed: the NUMA chapter's numactl trials will be skipped"
 	touch $@
 
-# The demo runs the two chapters of the default experiment that matter on a CPU (about 8 minutes);
+# The demo runs the two chapters of the default experiment that matter on a CPU (about 10 minutes; the
+# scheduler's trials twice each, interleaved) and ends with the winner line: launches, margin, interval, verdict.
+# On 2 cores client and server share the CPU and some launches read "unreliable" (tokens read in bursts):
+# the winner line counts them in and says how many.
 # `qwen3lab sweep experiments/cpu-tiny.yaml` runs the whole workbook.
 demo: install
 	$(BIN)/qwen3lab run experiments/cpu-tiny.yaml --only baseline --only scheduler --db $(DB)
 	$(BIN)/qwen3lab runs --db $(DB)
+	$(BIN)/qwen3lab winner experiments/cpu-tiny.yaml --chapter scheduler --include-unreliable --db $(DB)
 
 # The browser tests drive Debian's Chromium through Playwright (no browser download): installed here as .ci/run
 # does; where apt-get cannot run (not root, not Debian) they are skipped, and this says so.
@@ -35,6 +42,9 @@ test: install
 	-@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		>/dev/null 2>&1 || echo "Chromium not installed (apt-get install chromium): the dashboard browser tests will be skipped"
 	$(BIN)/python -m pytest
+
+test-gpu:
+	$(GPU_PY) -m pytest -m gpu -v tests/test_gpu_paths.py tests/test_hardware.py
 
 # The whole workbook on the embedded default: every chapter's notebook executed, saved under runs/, runs in $(DB).
 sweep: install

@@ -13,9 +13,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from qwen3lab.analysis import compare, export, plots, selection
-from qwen3lab.analysis.wording import margin_text, slo_text, verdict_text  # noqa: F401 - pages call ui.slo_text
-from qwen3lab.hardware import planner
+from qwen3lab.analysis import comparable, compare, efficiency, export, plots, selection
+from qwen3lab.analysis.wording import launches, margin_text, slo_text, verdict_text  # noqa: F401 - pages call ui.slo_text
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import DEFAULT_DB, Store
@@ -55,7 +54,14 @@ def stop_with(exc: Exception) -> None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _runs(db: str, stamp: float) -> pd.DataFrame:
-    return Store(db).runs()
+    df = Store(db).runs(with_json=True)
+    if df.empty:
+        return df
+    # The steady-state TTFT p95 (without a closed loop's opening burst) lives in the summary only.
+    summaries = [json.loads(s) if isinstance(s, str) and s else {} for s in df.summary_json]
+    df["steady_p95_ttft_ms"] = [s.get("steady_p95_ttft_ms") for s in summaries]
+    df["opening_burst_requests"] = [s.get("opening_burst_requests") for s in summaries]
+    return df.drop(columns=["summary_json", "info_json", "config_json", "workload_json", "exec_argv_json"])
 
 
 def runs() -> pd.DataFrame:
@@ -96,12 +102,12 @@ def run(db: str, run_id: str) -> dict:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def ceilings(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
-    """Each run's roofline ceilings and efficiency (planner.run_ceiling), or why it has none."""
+    """Each run's roofline ceilings and efficiency (efficiency.run_ceiling), or why it has none."""
     samp = samples(db, run_ids)
     rows = []
     for rid in run_ids:
         mine = samp[samp.run_id == rid] if not samp.empty else None
-        rows.append({"run_id": rid, **planner.run_ceiling(run(db, rid), mine)})
+        rows.append({"run_id": rid, **efficiency.run_ceiling(run(db, rid), mine)})
     return pd.DataFrame(rows)
 
 
@@ -109,6 +115,15 @@ def ceilings(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
 def winner(db: str, run_ids: tuple[str, ...], slo_json: str) -> compare.Winner:
     data = compare.load_runs(Store(db), list(run_ids))
     return compare.pick_winner(data, SLO.model_validate_json(slo_json))
+
+
+def winner_or_stop(db: str, run_ids: tuple[str, ...], slo: SLO) -> compare.Winner:
+    """The winner of the picked runs; runs that cannot be compared stop the page with which field differs."""
+    try:
+        return winner(db, run_ids, slo.model_dump_json())
+    except comparable.NotComparable as exc:
+        st.error(str(exc))
+        st.stop()
 
 
 @st.cache_data(ttl=60, show_spinner="Bootstrapping each trial against its baseline…", max_entries=16)
@@ -123,10 +138,17 @@ def refresh_button() -> None:
 
 
 # --- what is compared ----------------------------------------------------------------------------------
-def newest_per_trial(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok run standing for each trial (selection.current; older repeats stay selectable by hand), newest
-    first like the store's listing."""
-    return selection.current(df, measured_only=True).iloc[::-1].reset_index(drop=True)
+def default_selection(df: pd.DataFrame) -> list[str]:
+    """Every ok launch of the trials comparable with the newest ok run (same comparability key), reliable ones.
+
+    Runs of other workloads, machines or builds are not ranked with them; they stay selectable by hand (and the
+    winner then says which field differs).
+    """
+    ok = df[df.status.isin(selection.MEASURED) & (df.validity.isna() if "validity" in df else True)]
+    if ok.empty:
+        return []
+    keys = [comparable.comparability_key(r) for r in ok.to_dict("records")]
+    return [rid for rid, k in zip(ok.run_id, keys) if k == keys[0]]
 
 
 def default_experiment(df: pd.DataFrame) -> str | None:
@@ -154,9 +176,10 @@ def selection_sidebar(df: pd.DataFrame) -> list[str]:
     labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
               for r in choices.itertuples()}
     if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):
-        st.session_state.run_ids = list(newest_per_trial(mine).run_id) if exp != ALL else []
+        st.session_state.run_ids = default_selection(mine) if exp != ALL else []
     picked = st.sidebar.multiselect("Runs to compare", list(labels), key="run_ids", format_func=labels.get,
-                                    help="The newest finished run of each trial is picked; add repeats by hand")
+                                    help="Every launch of the trials comparable with the newest run is picked "
+                                         "(same workload, tokenizer, machine and build); a trial's launches are pooled")
     return picked
 
 
@@ -187,36 +210,38 @@ def num(v, fmt: str = "{:,.1f}", unit: str = "") -> str:
 
 
 def winner_card(w: compare.Winner, slo: SLO) -> None:
-    """The answer first: which run, its goodput, its margin over the runner-up, and whether that is noise."""
+    """The answer first: which trial, its figures, its margin over the runner-up, and whether that can be told."""
     with st.container(border=True):
         if w.winner is None:
             st.markdown("### No winner under these SLOs")
             st.warning(verdict_text(w))
             if not w.ranking.empty:
                 near = w.ranking.iloc[0]
-                st.markdown(f"Closest: `{near.label}` with P95 TTFT {num(near.p95_ttft_ms, '{:,.0f}', 'ms')}, "
+                st.markdown(f"Closest: `{near.label}`: {near.why_not}. P95 TTFT {num(near.p95_ttft_ms, '{:,.0f}', 'ms')}, "
                             f"P95 TPOT {num(near.p95_tpot_ms, '{:.1f}', 'ms')}, P99 E2EL "
                             f"{num(near.p99_e2el_ms, '{:,.0f}', 'ms')}.")
             st.caption(f"SLOs: {slo_text(slo)}")
             return
         top = w.ranking.iloc[0]
         st.markdown(f"### :material/trophy: Winner: `{w.winner.label}`")
-        c1, c2, c3, c4 = st.columns(4)
-        c1.metric("Goodput", num(top.goodput, "{:.2f}", "req/s"), help="requests/s meeting every SLO")
-        c2.metric("Output throughput", num(top.output_throughput, "{:,.0f}", "tok/s"))
-        c3.metric("P95 TTFT", num(top.p95_ttft_ms, "{:,.0f}", "ms"))
-        c4.metric("P95 TPOT", num(top.p95_tpot_ms, "{:.1f}", "ms"))
+        # A table, not st.metric: metric cells cut their figures ("Goo… 2…") in a narrow column; a table wraps
+        st.markdown("| | |\n|---|---|\n"
+                    f"| Goodput | {num(top.goodput, '{:.2f}', 'req/s')} |\n"
+                    f"| Output throughput | {num(top.output_throughput, '{:,.0f}', 'tok/s')} |\n"
+                    f"| P95 TTFT | {num(top.p95_ttft_ms, '{:,.0f}', 'ms')} |\n"
+                    f"| P95 TPOT | {num(top.p95_tpot_ms, '{:.1f}', 'ms')} |\n"
+                    f"| Launches | {int(top.launches)} |")
         if w.runner_up is not None:
-            st.markdown(f"**Margin over `{w.runner_up.label}`:** {margin_text(w)} goodput")
+            st.markdown(f"**Margin over `{w.runner_up.label}`** ({launches(w.runner_up_trial)}): {margin_text(w)} goodput")
         (st.info if w.within_noise else st.success)(verdict_text(w))
-        st.caption(f"SLOs: {slo_text(slo)} · run {w.winner.run_id} · recomputed from {len(w.winner.table)} "
-                   "stored requests, no re-run. The interval is the noise within each run; how much a fresh "
-                   "launch of the same configuration moves shows only in repeats of a trial.")
+        st.caption(f"SLOs: {slo_text(slo)} · {launches(w.winner_trial)}, newest run {w.winner.run_id} · recomputed "
+                   "from the stored requests, no re-run. The interval resamples launches, then blocks of requests "
+                   f"within each · comparability key {comparable.describe(w.winner.row)}.")
 
 
 def ranking_table(ranking: pd.DataFrame) -> None:
-    show = ranking[["rank", "label", "slo_pass", "goodput", "output_throughput", "request_throughput", "p95_ttft_ms",
-                    "p95_tpot_ms", "p99_e2el_ms", "completed", "failed", "run_id"]]
+    show = ranking[["rank", "label", "launches", "slo_pass", "goodput", "output_throughput", "request_throughput",
+                    "p95_ttft_ms", "p95_tpot_ms", "p99_e2el_ms", "completed", "failed", "why_not", "run_id"]]
     st.dataframe(show, hide_index=True, width="stretch", column_config={
         "rank": st.column_config.NumberColumn("#", width="small"),
         "label": "trial", "slo_pass": st.column_config.CheckboxColumn("meets SLOs"),
@@ -226,7 +251,7 @@ def ranking_table(ranking: pd.DataFrame) -> None:
         "p95_ttft_ms": st.column_config.NumberColumn("P95 TTFT", format="%.0f ms"),
         "p95_tpot_ms": st.column_config.NumberColumn("P95 TPOT", format="%.1f ms"),
         "p99_e2el_ms": st.column_config.NumberColumn("P99 E2EL", format="%.0f ms"),
-        "run_id": "run",
+        "why_not": "misses the SLOs by", "run_id": "newest run",
     })
 
 

@@ -21,6 +21,9 @@ err = Console(stderr=True)
 DB = typer.Option(DEFAULT_DB, "--db", help="DuckDB file holding runs, requests and samples.")
 DRY_RUN = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing.")
 RETRY_FAILED = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed.")
+EXECUTOR = typer.Option("local", "--executor", help="local: one trial at a time here; ray: each trial a Ray task on a cluster.")
+ADDRESS = typer.Option(None, "--address", help="With --executor ray: auto (a cluster started with ray start), "
+                       "ray://HOST:10001 or HOST:PORT; unset = a one-node Ray here.")
 
 
 def _fail(exc: Exception) -> None:
@@ -45,21 +48,35 @@ def run(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     fresh: bool = typer.Option(False, "--fresh", help="Run every trial again, even those already finished."),
+    executor_kind: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
     from qwen3lab import terminal
     from qwen3lab.measure import executor
     from qwen3lab.store import Store
 
+    if executor_kind not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
+    if address and executor_kind != "ray":
+        _fail(Qwen3LabError("--address needs --executor ray"))
     try:
-        planned = executor.plan(experiment, only, for_written_gpu=dry_run)
+        on_ray = executor_kind == "ray"
+        # On a cluster the trials are judged for the GPU the experiment names; each node judges its own again.
+        planned = executor.plan(experiment, only, for_written_gpu=dry_run or on_ray)
         if dry_run:
             terminal.print_dry_run(planned, console)
             planned.raise_errors()
             return
         planned.raise_errors()
         with terminal.TrialProgress(console) as progress:
-            results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
+            if on_ray:
+                from qwen3lab.measure import ray_executor
+
+                results = ray_executor.execute(planned, Store(db), address, runs_dir, retry_failed, fresh,
+                                               listener=progress)
+            else:
+                results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
     try:
@@ -79,24 +96,46 @@ def sweep(
     dry_run: bool = DRY_RUN,
     retry_failed: bool = RETRY_FAILED,
     param: Optional[list[str]] = typer.Option(None, "-p", "--param", help="Notebook parameter NAME=VALUE, e.g. -p num_requests=8."),
+    executor_kind: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
-    """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes."""
+    """Run the workbook: each chapter's notebook executed with papermill and saved under runs/; resumes.
+
+    With --executor ray every trial is measured on the cluster first, in parallel; the notebooks then find
+    them stored (resume) and analyse them."""
     from qwen3lab import sweep as sw
     from qwen3lab import terminal
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
+    params = sw.parse_params(param)
+    if executor_kind not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
+    small = sorted(set(params) & {"num_requests", "warmup_requests", "duration_s"})
+    if executor_kind == "ray" and small:
+        _fail(Qwen3LabError(f"-p {', '.join(small)} changes the trials the notebooks run, so the cluster's "
+                            "runs would not stand for them: drop it, or sweep without --executor ray"))
     try:
         if dry_run:
             result = sw.dry_run(experiment, chapters)
             terminal.print_dry_run(result.planned, console)
         else:
+            if executor_kind == "ray":
+                from qwen3lab.measure import executor, ray_executor
+                from qwen3lab.store import Store
+
+                with terminal.TrialProgress(console) as progress:
+                    ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
+                                         address, runs_dir, retry_failed, listener=progress)
             with terminal.SweepProgress(console) as progress:
-                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, sw.parse_params(param),
-                                  listener=progress)
+                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
+
+
+SLO_OPT = typer.Option(None, "--slo", help="An SLO NAME=VALUE over the stored ones, repeatable: ttft_p95_ms=500, "
+                       "tpot_p95_ms=50, e2el_p99_ms, ttft_ms, tpot_ms, e2el_ms, max_failed_fraction=0.01.")
 
 
 @app.command()
@@ -104,16 +143,94 @@ def runs(
     db: str = DB,
     experiment: Optional[str] = typer.Option(None, help="Only this experiment."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    slo: Optional[list[str]] = SLO_OPT,
 ):
-    """List stored runs, newest first."""
+    """List stored runs, newest first; with --slo, each run's slo_pass and request_goodput under those SLOs."""
     from qwen3lab import terminal
+    from qwen3lab.analysis import compare
     from qwen3lab.store import Store
 
-    df = Store(db).runs(experiment=experiment)
+    store = Store(db)
+    df = store.runs(experiment=experiment)
+    if slo:
+        try:
+            df = compare.runs_under(store, df, compare.parse_slo(slo))
+        except Qwen3LabError as exc:
+            _fail(exc)
     if as_json:
         sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2) + "\n")
     else:
         console.print(terminal.runs_table(df))
+
+
+@app.command()
+def winner(
+    experiment: str = typer.Argument(..., help="Experiment name (as stored) or its YAML file."),
+    chapter: Optional[str] = typer.Option(None, "--chapter", help="Only this chapter."),
+    slo: Optional[list[str]] = SLO_OPT,
+    db: str = DB,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the winner line."),
+    include_unreliable: bool = typer.Option(False, "--include-unreliable", help="Let runs marked unreliable win."),
+):
+    """The winner under SLOs, re-scored from stored requests: margin over the runner-up and the baseline, verdict."""
+    from qwen3lab import terminal
+    from qwen3lab.analysis import compare, wording
+    from qwen3lab.store import Store
+
+    store = Store(db)
+    try:
+        name = _experiment_name(experiment)
+        verdicts = compare.winners(store, name, compare.parse_slo(slo, compare.stored_slo(store, name)), chapter,
+                                   include_unreliable)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if not verdicts:
+        _fail(Qwen3LabError(f"no ok runs of {name!r}{' chapter ' + chapter if chapter else ''} in {db}: "
+                            "run it first, or list what is stored with `qwen3lab runs`"))
+    if as_json:
+        sys.stdout.write(json.dumps([wording.winner_json(v) for v in verdicts], indent=2, default=str) + "\n")
+    else:
+        for v in verdicts:  # one unwrapped line each: the demo's last line, read by people and by grep
+            sys.stdout.write(wording.winner_line(v) + "\n")
+
+
+@app.command("compare")
+def compare_(
+    a: str = typer.Argument(..., help="A run id, a trial key, or CHAPTER/TRIAL."),
+    b: str = typer.Argument(..., help="The same, for the other side."),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="Where CHAPTER/TRIAL is looked up."),
+    slo: Optional[list[str]] = SLO_OPT,
+    db: str = DB,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """A against B (runs or trials, all their launches): each metric's difference with its 95% interval."""
+    from qwen3lab import terminal
+    from qwen3lab.analysis import compare, wording
+    from qwen3lab.store import Store
+
+    store = Store(db)
+    try:
+        name = _experiment_name(experiment) if experiment else None
+        ta, tb = compare.resolve(store, a, name), compare.resolve(store, b, name)
+        base = compare.stored_slo(store, str(ta.newest.row.get("experiment")))
+        df = compare.compare_two(ta, tb, compare.parse_slo(slo, base))
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps({"a": ta.label, "b": tb.label, "a_launches": len(ta.launches),
+                                     "b_launches": len(tb.launches), "metrics": df.to_dict("records")},
+                                    indent=2, default=str) + "\n")
+    else:
+        console.print(terminal.compare_table(df, f"{ta.label} ({wording.launches(ta)})", f"{tb.label} ({wording.launches(tb)})"))
+
+
+def _experiment_name(arg: str) -> str:
+    """An experiment's stored name, from the name itself or from its YAML file."""
+    if arg.endswith((".yaml", ".yml")) or Path(arg).is_file():
+        from qwen3lab.experiment import files as xp
+
+        return xp.load(arg).name
+    return arg
 
 
 @app.command()
@@ -211,6 +328,29 @@ def import_(
 
 
 @app.command()
+def router(
+    route: list[str] = typer.Option(..., "--route", help="NAME=URL of a backend, e.g. short=http://127.0.0.1:8001 (repeat: short and long)."),
+    threshold_tokens: int = typer.Option(..., "--threshold-tokens", help="Prompts of at most this many tokens go to short, longer ones to long."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="The served model's tokenizer: a folder, builtin:NAME or hub id (default: the folder a backend serves)."),
+    policy: str = typer.Option("length", "--policy", help="length (by prompt tokens) or round-robin (each route in turn, for comparison)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
+    port: int = typer.Option(9000, "--port", help="Port to listen on."),
+    max_connections: int = typer.Option(256, "--max-connections", help="Connection pool size per backend; more requests wait."),
+    connect_timeout_s: float = typer.Option(5.0, "--connect-timeout", help="Seconds to connect to a backend."),
+    read_timeout_s: float = typer.Option(600.0, "--read-timeout", help="Longest silence, in seconds, between two chunks of a backend's stream."),
+):
+    """An OpenAI-compatible streaming proxy that sends short prompts to one vLLM server and long ones to another."""
+    from qwen3lab.measure import router as rt
+
+    try:
+        config = rt.RouterConfig(rt.parse_routes(route), threshold_tokens, tokenizer, policy, host, port,
+                                 max_connections, connect_timeout_s, read_timeout_s)
+        rt.serve(config, ready=lambda line: console.print(line, markup=False, highlight=False))
+    except Qwen3LabError as exc:
+        _fail(exc)
+
+
+@app.command()
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """This machine: CPU and NUMA topology, GPUs through NVML (or why there are none)."""
     from qwen3lab.hardware import catalogue as hardware
@@ -221,6 +361,31 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
     else:
         console.print(terminal.probe_table(found))
+
+
+@app.command()
+def k8s(
+    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
+    image: str = typer.Option(..., "--image", help="Container image with qwen3lab, vLLM and Ray installed (the same on every pod)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per worker pod (default: the most one trial needs)."),
+    nodes: int = typer.Option(1, "--nodes", help="Worker pods."),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace of every object."),
+    storage: str = typer.Option("50Gi", "--storage", help="Size of the volume holding the DuckDB and server logs."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the manifest here (default: print it)."),
+):
+    """KubeRay manifests (RayCluster + RayJob, the experiment in a ConfigMap, a volume for the DuckDB) that run it."""
+    from qwen3lab import kuberay
+
+    shape = kuberay.Shape(image=image, nodes=nodes, gpus_per_node=gpus_per_node, storage=storage, namespace=namespace)
+    try:
+        text = kuberay.manifest_text(experiment, shape)
+    except Qwen3LabError as exc:
+        _fail(exc)
+    if out:
+        out.write_text(text)
+        err.print(f"wrote {out}: kubectl apply -f {out}")
+    else:
+        sys.stdout.write(text)
 
 
 if __name__ == "__main__":  # python -m qwen3lab.cli

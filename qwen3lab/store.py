@@ -73,7 +73,15 @@ MIGRATIONS: list[str] = [
         run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, value DOUBLE
     );
     """,
-    # 2: who runs a `running` row (pid, host, that process's start time: a reused pid is another process),
+    # 2: what a run may be compared with, and why its measurement cannot be trusted (NULL: it can)
+    """
+    ALTER TABLE runs ADD COLUMN comparability_key VARCHAR;
+    ALTER TABLE runs ADD COLUMN validity VARCHAR;
+    ALTER TABLE runs ADD COLUMN checks_json VARCHAR;
+    """,
+    # 3: which server of a split topology answered each request (the router's x-qwen3lab-route header)
+    "ALTER TABLE requests ADD COLUMN route VARCHAR;",
+    # 4: who runs a `running` row (pid, host, that process's start time: a reused pid is another process),
     # its heartbeat, and the spool its rows reach first (see recover)
     """
     ALTER TABLE runs ADD COLUMN owner_pid INTEGER;
@@ -86,7 +94,7 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
                    "output_tokens_target", "prompt_tokens", "output_tokens", "sent_at", "ttft", "e2el",
-                   "chunk_times", "status", "error")
+                   "chunk_times", "status", "error", "route")
 
 
 # A `running` row's owner on this host is alive while its pid runs with the same start time; an owner on
@@ -381,8 +389,10 @@ class Store:
         if run_ids is not None:
             where.append("run_id IN (SELECT unnest(?))")
             params.append(list(run_ids))
-        drop = () if with_json else ("summary_json", "info_json", "config_json", "workload_json", "exec_argv_json")
-        cols = "*" if with_json else "* EXCLUDE (" + ", ".join(drop) + ")"
+        drop = () if with_json else ("summary_json", "info_json", "config_json", "workload_json", "exec_argv_json",
+                                     "checks_json")
+        # a lambda, not EXCLUDE: a file of an older schema (opened read-only, not migrated) lacks newer columns
+        cols = "*" if with_json else "COLUMNS(lambda c: c NOT IN (" + ", ".join(f"'{c}'" for c in drop) + "))"
         sql = f"SELECT {cols} FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY started_at DESC"
         df = self._query(sql, params)
         return df if df is not None else pd.DataFrame()
@@ -395,13 +405,14 @@ class Store:
             raise StoreError(f"no run {run_id!r} in {self.path}: list them with `qwen3lab runs`")
         row = df.iloc[0].to_dict()
         for key in ("summary_json", "info_json", "config_json", "workload_json", "slo_json", "tags_json",
-                    "exec_argv_json", "env_json"):
+                    "exec_argv_json", "env_json", "checks_json"):
             if row.get(key):
                 row[key.removesuffix("_json")] = json.loads(row[key])
         return row
 
     def requests(self, run_ids: Sequence[str], measured_only: bool = True, with_chunks: bool = True):
-        cols = "*" if with_chunks else "* EXCLUDE (chunk_times)"
+        # chunk_count: the output-token count of a request whose server sent no usage (metrics' rule)
+        cols = "*, len(chunk_times) AS chunk_count" if with_chunks else "* EXCLUDE (chunk_times), len(chunk_times) AS chunk_count"
         warm = "AND NOT warmup" if measured_only else ""
         df = self._query(f"SELECT {cols} FROM requests WHERE run_id IN (SELECT unnest(?)) {warm} ORDER BY run_id, idx",
                          [list(run_ids)])
@@ -454,11 +465,16 @@ class IngestResult:
 
 def request_row(r: Any) -> dict[str, Any]:
     """A loadgen.RequestRecord as a row of the requests table (without run_id)."""
+    return record_row(r)
+
+
+def record_row(r: Any) -> dict[str, Any]:
     return {
         "idx": r.index, "request_class": r.request_class, "warmup": r.warmup, "shared_prefix": r.shared_prefix,
         "prompt_tokens_target": r.prompt_tokens_target, "output_tokens_target": r.output_tokens_target,
         "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "sent_at": r.sent_at,
         "ttft": r.ttft, "e2el": r.e2el, "chunk_times": list(r.chunk_times), "status": r.status, "error": r.error,
+        "route": getattr(r, "route", None),
     }
 
 
@@ -470,5 +486,5 @@ def _request_schema():
         ("shared_prefix", pa.bool_()), ("prompt_tokens_target", pa.int32()), ("output_tokens_target", pa.int32()),
         ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()), ("sent_at", pa.float64()),
         ("ttft", pa.float64()), ("e2el", pa.float64()), ("chunk_times", pa.list_(pa.float64())),
-        ("status", pa.int32()), ("error", pa.string()),
+        ("status", pa.int32()), ("error", pa.string()), ("route", pa.string()),
     ])

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
-from qwen3lab.measure.executor import Listener
+from qwen3lab.measure.executor import Listener, repeat_label
 from qwen3lab.sweep import SweepListener
 
 
@@ -19,7 +19,8 @@ def _num(v, fmt="{:.1f}") -> str:
     return fmt.format(v)
 
 
-METRICS = ("ok/\ntotal", "out\ntok/s", "TTFT\np50", "TTFT\np95", "TPOT\np50", "E2EL\np99", "good-\nput")
+# "steady p95": TTFT p95 without the opening burst of a closed loop (analysis/metrics.py steady_state).
+METRICS = ("ok/\ntotal", "out\ntok/s", "TTFT\np50", "TTFT\np95", "steady\np95", "TPOT\np50", "E2EL\np99", "good-\nput")
 
 
 def _run_table(title: str, labels: tuple[str, ...]) -> Table:
@@ -40,7 +41,7 @@ def _metric_cells(s: dict | None) -> list[str]:
     total = (s.get("completed") or 0) + (s.get("failed") or 0)
     return [f"{int(s.get('completed') or 0)}/{int(total)}", _num(s.get("output_throughput")),
             _num(s.get("median_ttft_ms"), "{:.0f}"),
-            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
+            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(_steady_p95(s), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
             _num(s.get("p99_e2el_ms"), "{:.0f}"), _num(s.get("request_goodput"), "{:.2f}")]
 
 
@@ -50,10 +51,22 @@ def _the_same(df, column: str) -> str | None:
     return values.pop() if len(values) == 1 and df[column].notna().all() else None
 
 
+def _steady_p95(row: dict) -> float | None:
+    """The steady-state TTFT p95 from a summary, or from a runs row's summary_json when it carries one."""
+    if "steady_p95_ttft_ms" in row:
+        return row["steady_p95_ttft_ms"]
+    raw = row.get("summary_json")
+    if isinstance(raw, str) and raw:
+        import json
+
+        return json.loads(raw).get("steady_p95_ttft_ms")
+    return None
+
+
 def results_table(results, db: str) -> Table:
     from qwen3lab.store import Store
 
-    rows = Store(db).runs(run_ids=[r.run_id for r in results])
+    rows = Store(db).runs(run_ids=[r.run_id for r in results], with_json=True)
     by_id = {r["run_id"]: r for r in rows.to_dict("records")} if not rows.empty else {}
     t = _run_table("Results (latencies in ms)", ("trial", "status"))
     for r in results:
@@ -69,7 +82,10 @@ def runs_table(df) -> Table:
     t = _run_table(f"{title} (latencies in ms)", labels)
     if not vllm:
         t.add_column("vLLM")
-    reasons = not df.empty and df.reason.notna().any()
+    if not df.empty and "validity" in df:  # an unreliable measurement says so beside its reason
+        df = df.assign(reason=[" · ".join(x for x in (r, v) if isinstance(x, str) and x)
+                               for r, v in zip(df.reason, df.validity)])
+    reasons = not df.empty and (df.reason.fillna("").astype(str) != "").any()
     if reasons:
         t.add_column("reason", overflow="fold", max_width=40)
     for row in df.to_dict("records") if not df.empty else []:
@@ -121,7 +137,9 @@ class TrialProgress(Listener):
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=console, transient=False, refresh_per_second=1)
         super().__init__(log=self.bar.console.print)
-        self.overall = self.task = None
+        self.overall = self.round = None
+        self.total = 0
+        self.tasks: dict[str, int] = {}  # a bar per running trial (the Ray executor runs several at once)
 
     def __enter__(self):
         self.bar.__enter__()
@@ -133,9 +151,15 @@ class TrialProgress(Listener):
     def started(self, planned) -> None:
         self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}", total=len(planned.verdicts))
 
+    def planned_launches(self, count: int) -> None:
+        self.total = count
+        self.bar.update(self.overall, total=count)
+
+    def repeat(self, trial, round_) -> None:
+        self.round = round_
+
     def resumed(self, trial, run_id, status) -> None:
         self.log(f"[dim]= {trial.chapter}/{trial.name}: {status} earlier (run {run_id})[/]")
-        self.bar.advance(self.overall)
 
     def left_out(self, trial, why) -> None:
         super().left_out(trial, why)
@@ -143,14 +167,21 @@ class TrialProgress(Listener):
 
     def launching(self, trial, verdict) -> None:
         w = trial.workload
-        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}",
-                                      total=w.num_requests if not w.duration_s else None)
+        repeat = repeat_label(trial, self.round)
+        self.tasks[trial.key] = self.bar.add_task(f"  {trial.chapter}/{trial.name}{repeat}",
+                                                  total=w.num_requests if not w.duration_s else None)
+
+    def extra_launch(self, trial) -> None:
+        super().extra_launch(trial)
+        self.total += 1
+        self.bar.update(self.overall, total=self.total)
 
     def requests_done(self, trial, count) -> None:
-        self.bar.advance(self.task, count)
+        self.bar.advance(self.tasks[trial.key], count)
 
     def finished(self, result) -> None:
-        self.bar.remove_task(self.task)
+        if (task := self.tasks.pop(result.trial.key, None)) is not None:
+            self.bar.remove_task(task)
         colour = {"ok": "green", "skipped": "yellow", "held": "yellow"}.get(result.status, "red")
         self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
                  + (f": {result.reason}" if result.reason else ""))
@@ -355,3 +386,16 @@ def calibration_markdown(result: dict) -> str:
                          f"{r['error_a']:+.1%} | {r['predicted_b_ms']:.3f} | {r['error_b']:+.1%} | {r['kernels']} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# --- verdicts ----------------------------------------------------------------------------------------------
+def compare_table(df, a_label: str, b_label: str) -> Table:
+    t = Table(title=f"{a_label} against {b_label}", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("metric", "A", "B", "A - B (95% CI)", "change", "verdict"):
+        t.add_column(name, overflow="fold", justify="left" if name in ("metric", "verdict") else "right")
+    for r in df.to_dict("records"):
+        fmt = "{:+.1f}" if r["metric"] == "p95_ttft_ms" else "{:+.2f}"
+        t.add_row(r["metric"], _num(r["a"], fmt.replace("+", "")), _num(r["b"], fmt.replace("+", "")),
+                  f"{fmt.format(r['difference'])} ({fmt.format(r['low'])} .. {fmt.format(r['high'])})",
+                  f"{_num(r['change_pct'], '{:+.1f}')}%", r["verdict"])
+    return t

@@ -53,9 +53,9 @@ def dump(db: str, out: Path = FIXTURE, experiment: str = EXPERIMENT) -> None:
         json.dump(doc, f, separators=(",", ":"))
 
 
-def build(path: str | Path, with_extras: bool = True) -> Store:
+def build(path: str | Path, with_extras: bool = True, fixture: Path = FIXTURE) -> Store:
     store = Store(path)
-    with gzip.open(FIXTURE, "rt") as f:
+    with gzip.open(fixture, "rt") as f:
         doc = json.load(f)
     by_run: dict[str, list] = {}
     for r in doc["requests"]:

@@ -3,6 +3,8 @@ interval has width even when every request has the same output length (resamplin
 fixed duration gave a zero-width interval: 'beyond noise' for any difference)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from qwen3lab.analysis import compare
@@ -32,5 +34,9 @@ def test_intervals_hold_the_exact_difference_and_have_width(runs, metric):
 def test_fixed_lengths_still_give_a_throughput_interval(runs):
     a = runs[0]
     assert len(set(a.table.output_tokens)) == 1  # fixed-128: every request the same length
-    iv = compare.difference(a, a, SLO(), "output_throughput", n_boot=500, relative=True)
+    unpaired = dataclasses.replace(a, row={**a.row, "requests_digest": None})
+    iv = compare.difference(a, unpaired, SLO(), "output_throughput", n_boot=500, relative=True)
     assert iv.estimate == pytest.approx(0.0) and iv.low < -1 and iv.high > 1  # a run against itself: noise, in %
+    # paired by block (the same requests on both sides), a run against itself differs by exactly nothing
+    same = compare.difference(a, a, SLO(), "output_throughput", n_boot=500, relative=True)
+    assert same.low == same.high == 0.0

@@ -28,6 +28,7 @@ CASES = {
     "60_attention_and_builds": (SMALL, True),
     "70_numa": (SMALL, True),
     "80_long_context": (SMALL, True),
+    "82_routing": (SMALL | {"num_requests": 6}, True),  # its first trial: two servers and the router
     "85_thinking_mode": (SMALL | {"max_trials": 2}, True),
     "90_soak": (SMALL | {"duration_s": 12, "window_s": 3}, True),
     "99_report": ({"n_boot": 200}, False),

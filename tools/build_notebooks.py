@@ -258,6 +258,25 @@ memory'''),
     code(EFFECTS),
 ])
 
+ROUTING = chapter_notebook("82", "routing", "Routing: one server or two behind the router", '''
+The A100 recipe's central trick: two vLLM instances on one GPU, short prompts to one tuned for latency and long
+documents to one started with a long context, behind a small proxy claimed to add about 3 ms while keeping
+short-request TTFT low. Here the same traffic (the recipe's 30% chat / 40% summaries / 30% long documents) goes
+to one server, to two behind `qwen3lab router` split by prompt tokens (`engine.topology: {kind: split}`), and to
+the same two in round-robin, so the effect of routing is told apart from the effect of having two servers. Per
+request class: which server answered, TTFT, TPOT and goodput. The router's own cost is measured from short
+requests sent straight to the short server and through the router, in pairs.''', [
+    code('''\
+# Per trial and class: the route that served it (stored with every request), TTFT/TPOT percentiles, goodput.
+workbook.routing_table(ch.runs(with_json=True), ch.requests())'''),
+    code('''\
+# What the router itself adds to TTFT (paired: the same requests straight to the short server and through it).
+workbook.router_cost(ch.runs(with_json=True))'''),
+    code('plots.class_figure(ch.requests(), ch.labels, "ttft")'),
+    code(CDF.format(metric="ttft")),
+    code(EFFECTS),
+])
+
 THINKING = chapter_notebook("85", "thinking_mode", "Thinking mode", '''
 Qwen3's thinking mode on against off, per request through `chat_template_kwargs: {"enable_thinking": ...}`
 on the chat endpoint. The A100 recipe's `<think>` in the prompt and `guided_decoding` do not switch modes.
@@ -311,8 +330,11 @@ n_boot = 1000  # bootstrap resamples for the intervals''', tags=["parameters"]),
     md('''\
 # 99 · Report
 
-For one experiment: all trials side by side (the newest run of each), the winner under the experiment's SLOs
-with its margin over the runner-up, and each knob's effect against its chapter's baseline with a 95% interval.'''),
+For one experiment: all trials side by side (the current run of each), the winner of each group of comparable
+runs (same requests, tokenizer, machine and vLLM build) under the experiment's SLOs with its margin over the
+runner-up, and each knob's effect against its chapter's baseline. Intervals resample launches, then request
+blocks; verdicts are better / worse / can't tell (Holm-corrected across a chapter), and say so when a trial had
+one launch, which leaves the launch-to-launch spread unknown.'''),
     code('''\
 from qwen3lab.analysis import plots
 from qwen3lab import workbook
@@ -336,6 +358,7 @@ NOTEBOOKS = {
     "00_environment": ENVIRONMENT, "10_baseline": BASELINE, "20_quantization": QUANTIZATION,
     "30_block_size": BLOCK_SIZE, "40_scheduler": SCHEDULER, "50_prefix_cache": PREFIX_CACHE,
     "60_attention_and_builds": ATTENTION, "70_numa": NUMA, "80_long_context": LONG_CONTEXT,
+    "82_routing": ROUTING,
     "85_thinking_mode": THINKING, "90_soak": SOAK, "99_report": REPORT,
 }
 

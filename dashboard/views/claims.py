@@ -13,18 +13,21 @@ if not exps:
 cur = st.session_state.get("experiment")
 exp = st.selectbox("Experiment", exps, index=exps.index(cur) if cur in exps else 0, key="claims_experiment")
 slo = ui.slo_from_state(df, list(df[df.experiment == exp].run_id))
-st.caption(f"Each trial against its chapter's baseline (the newest finished run of each). Goodput under "
-           f"{ui.slo_text(slo)}. A change counts as better or worse only when its bootstrap 95% interval excludes zero.")
+st.caption(f"Each trial (all its launches) against its chapter's baseline with the same comparability key (same "
+           f"requests, tokenizer, machine, build). Goodput under {ui.slo_text(slo)}. The interval resamples launches, "
+           "then request blocks; a change is better or worse only when it holds after Holm's correction across the "
+           "chapter's trials and metrics, else can't tell.")
 claims = ui.claims(ui.db_path(), exp, slo.model_dump_json(), ui.mtime())
 if claims.empty:
     st.info("No trial of this experiment has a finished baseline to compare against.")
     st.stop()
 table = claims.copy()
-table["change"] = [f"{c:+.1f}% (95% CI {lo:+.1f} .. {hi:+.1f})" for c, lo, hi in
+table["change"] = [f"{c:+.1f}% (95% CI {lo:+.1f} .. {hi:+.1f})" if c == c else "–" for c, lo, hi in
                    zip(table.change_pct, table.low_pct, table.high_pct)]
 table["metric"] = table.metric.map({"goodput": "goodput (req/s)", "output_throughput": "output throughput (tok/s)",
-                                    "p95_ttft_ms": "P95 TTFT (ms, lower is better)"})
-st.dataframe(table[["chapter", "trial", "baseline", "metric", "change", "verdict"]], hide_index=True,
+                                    "p95_ttft_ms": "P95 TTFT (ms, lower is better)", "all": "–"})
+st.dataframe(table[["chapter", "trial", "baseline", "metric", "change", "launches", "baseline_launches", "verdict"]],
+             hide_index=True,
              width="stretch")
 for tab, metric in zip(st.tabs(["Goodput", "Output throughput", "P95 TTFT"]),
                        ("goodput", "output_throughput", "p95_ttft_ms")):

@@ -12,7 +12,7 @@ if len(ids) < 2:
     st.info("Pick two or more finished runs under **Runs to compare** in the sidebar.")
     st.stop()
 slo = ui.slo_from_state(df, ids)
-w = ui.winner(ui.db_path(), tuple(ids), slo.model_dump_json())
+w = ui.winner_or_stop(ui.db_path(), tuple(ids), slo)
 labels = dict(zip(df.run_id, df.label))
 
 left, right = st.columns([3, 2], gap="large")

@@ -18,6 +18,8 @@ for col, (name, title) in zip(cols, FILTERS):
         view = view[view[name].fillna("–").astype(str).isin(chosen)]
 
 view = view.copy()
+if "validity" not in view:  # a database of an older schema
+    view["validity"] = None
 view["log"] = [f"file?{urlencode({'run': r, 'what': 'log'})}" if isinstance(p, str) and p else None
                for r, p in zip(view.run_id, view.log_path)]
 view["notebook"] = [f"file?{urlencode({'run': r, 'what': 'notebook'})}"
@@ -31,7 +33,10 @@ COLUMNS = {
     "request_throughput": st.column_config.NumberColumn("requests", format="%.2f req/s"),
     "request_goodput": st.column_config.NumberColumn("goodput", format="%.2f req/s", help="under the experiment's SLOs"),
     "median_ttft_ms": st.column_config.NumberColumn("TTFT p50", format="%.0f ms"),
-    "p95_ttft_ms": st.column_config.NumberColumn("TTFT p95", format="%.0f ms"),
+    "p95_ttft_ms": st.column_config.NumberColumn("TTFT p95", format="%.0f ms", help="every measured request"),
+    "steady_p95_ttft_ms": st.column_config.NumberColumn(
+        "TTFT p95 steady", format="%.0f ms",
+        help="without the opening burst: the first `concurrency` requests of a closed loop, sent at once on an idle server"),
     "p95_tpot_ms": st.column_config.NumberColumn("TPOT p95", format="%.1f ms"),
     "p99_e2el_ms": st.column_config.NumberColumn("E2EL p99", format="%.0f ms"),
     "completed": st.column_config.NumberColumn("ok"), "failed": st.column_config.NumberColumn("failed"),
@@ -42,6 +47,8 @@ COLUMNS = {
     "log": st.column_config.LinkColumn("server log", display_text="log"),
     "notebook": st.column_config.LinkColumn("notebook", display_text="notebook"),
     "reason": st.column_config.TextColumn("reason", width="medium"),
+    "validity": st.column_config.TextColumn("measurement", width="medium",
+                                            help="'unreliable: …' when the client, not the server, set the numbers"),
     "experiment": "experiment", "vllm_version": "vLLM", "gpu": "GPU", "model": "model", "started_at": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm"),
     "run_id": "run",
 }

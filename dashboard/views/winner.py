@@ -20,13 +20,15 @@ with st.form("slo_form"):
     e2el = c3.number_input("P99 E2EL at most (ms)", min_value=0.0, value=slo.e2el_p99_ms, step=100.0, format="%.0f", key="slo_e2el")
     applied = st.form_submit_button("Pick the winner", type="primary")
 if applied:
-    slo = SLO(ttft_p95_ms=ttft or None, tpot_p95_ms=tpot or None, e2el_p99_ms=e2el or None)
+    slo = SLO(ttft_p95_ms=ttft or None, tpot_p95_ms=tpot or None, e2el_p99_ms=e2el or None,
+              max_failed_fraction=slo.max_failed_fraction)
     st.session_state.slo = slo.model_dump()
-st.caption("A run meets the SLOs when its P95 TTFT, P95 TPOT and P99 E2EL are within them. Goodput counts the "
+st.caption("A trial meets the SLOs when its P95 TTFT, P95 TPOT and P99 E2EL are within them and no more of its "
+           f"requests failed than max_failed_fraction ({slo.max_failed_fraction:g}). Goodput counts the "
            "requests whose own TTFT, TPOT and E2EL are within the same limits, per second. Everything is "
            "recomputed from the stored per-request rows: no re-run.")
 
-w = ui.winner(ui.db_path(), tuple(ids), slo.model_dump_json())
+w = ui.winner_or_stop(ui.db_path(), tuple(ids), slo)
 if w.ranking.empty:
     st.warning("None of these runs has stored per-request rows to rank.")
     st.stop()

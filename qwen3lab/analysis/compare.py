@@ -1,51 +1,64 @@
-"""Comparing stored runs: ranking under SLOs, the winner's margin, and each knob's effect against its baseline.
+"""Comparing stored trials: ranking under SLOs, the winner's margin, and each knob's effect against its baseline.
 
-Everything is recomputed from the stored per-request rows, so changing an SLO never needs a re-run, and
-every difference comes with a bootstrap 95% interval: "within noise" when that interval holds zero.
+Everything is recomputed from the stored per-request rows, so changing an SLO never needs a re-run. A trial
+is every ok launch stored under its trial key; its figures are the mean over those launches, and every
+difference comes with a hierarchical bootstrap 95% interval over launches, then request blocks (see
+analysis/stats.py). Only runs with one comparability key (analysis/comparable.py) are set against each other.
 
 Rates (goodput, throughput) are not bootstrapped by resampling single requests against the fixed duration: with
 fixed output lengths that leaves a throughput unchanged and its interval would have zero width. By Little's
 law a run's rate is (work of its requests) / (their summed latency) x (its mean concurrency, summed latency /
 duration), which is exactly work / duration; resampling blocks of consecutive requests (latency and work
-together, so a slow stretch stays slow) lets the summed latency vary, and that is the interval. It sees the
-noise within one run; repeats of a trial show the noise between launches.
+together, so a slow stretch stays slow) lets the summed latency vary, and that is the within-launch noise.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis import selection
-from qwen3lab.analysis.metrics import (Interval, RequestTable, bootstrap_two, meets_slo, per_request_slo,
-                                       request_table, summarize)
+from qwen3lab.analysis import comparable, selection, stats
+from qwen3lab.analysis.metrics import RequestTable, per_request_slo, request_table, slo_violations, summarize
+from qwen3lab.analysis.stats import Interval
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
+
+# metric -> higher is better
+METRICS = {"goodput": True, "output_throughput": True, "p95_ttft_ms": False}
+SUMMARY_OF = {"goodput": "request_goodput", "output_throughput": "output_throughput", "p95_ttft_ms": "p95_ttft_ms"}
 
 
 @dataclass
 class RunData:
+    """One launch: its stored row and its measured requests."""
+
     run_id: str
     label: str
     duration: float
     table: RequestTable
     row: dict
 
+    @property
+    def trial_key(self) -> str:
+        return str(self.row.get("trial_key") or self.run_id)
+
+    def summary(self, slo: SLO) -> dict:
+        return summarize(self.table, self.duration, slo)
+
     def per_request(self, slo: SLO) -> np.ndarray:
-        """Columns per request for the vectorised bootstrap: good?, output tokens, TTFT (NaN if failed)."""
+        """Columns per request: good?, output tokens, TTFT (NaN if failed)."""
         t = self.table
         good = np.zeros(len(t), dtype=float)
         good[t.ok] = t.good(per_request_slo(slo))
         out = np.where(t.ok, t.output_tokens, 0).astype(float)
         return np.column_stack([good, out, t.ttft])
 
-    def per_block(self, slo: SLO, block: int | None = None) -> np.ndarray:
+    def per_block(self, slo: SLO) -> np.ndarray:
         """Blocks of consecutive requests (send order): good requests, output tokens, summed latency (s)."""
         x = self.per_request(slo)
         e2el = np.where(self.table.ok, np.nan_to_num(self.table.e2el), 0.0)
-        b = block or int(np.clip(round(np.sqrt(len(x))), 1, 50))
-        slot = np.arange(len(x)) // b
+        slot = np.arange(len(x)) // stats.block_size(len(x))
         out = np.zeros((int(slot[-1]) + 1 if len(x) else 0, 3))
         np.add.at(out, slot, np.column_stack([x[:, :2], e2el]))
         return out
@@ -54,6 +67,54 @@ class RunData:
         """Mean requests in flight: summed latency / duration (Little's law)."""
         ok = self.table.ok
         return float(np.nansum(self.table.e2el[ok])) / max(self.duration, 1e-9)
+
+    def launch(self, metric: str, slo: SLO) -> stats.Launch:
+        """This run as a bootstrap unit for `metric`: blocks for rates, succeeded requests for P95 TTFT."""
+        digest = self.row.get("requests_digest")
+        digest = digest if isinstance(digest, str) else None
+        if metric == "p95_ttft_ms":
+            t = self.table
+            ttft = t.ttft[t.ok & np.isfinite(t.ttft)]
+            # requests pair one to one only when both sides kept all of them
+            return stats.Launch(ttft[:, None], digest if len(ttft) == len(t) else None)
+        return stats.Launch(self.per_block(slo), digest, self.concurrency())
+
+
+def _rate(column: int) -> stats.Statistic:
+    """Over blocks [good, tokens, latency]: work / summed latency x mean concurrency (= work / duration)."""
+    return lambda x, scale: x[..., column].sum(axis=-1) / np.maximum(x[..., 2].sum(axis=-1), 1e-12) * scale
+
+
+def _p95_ttft(x: np.ndarray, scale: float) -> np.ndarray:
+    return np.percentile(x[..., 0], 95, axis=-1) * 1000
+
+
+STATISTICS: dict[str, stats.Statistic] = {"goodput": _rate(0), "output_throughput": _rate(1), "p95_ttft_ms": _p95_ttft}
+
+
+@dataclass
+class TrialData:
+    """A trial: every launch given for its trial key, newest first."""
+
+    key: str
+    label: str
+    launches: list[RunData] = field(default_factory=list)
+
+    @property
+    def newest(self) -> RunData:
+        return self.launches[0]
+
+    def summary(self, slo: SLO) -> dict:
+        """Mean over launches of each figure; completed and failed summed; the SLO verdict on those."""
+        per = [r.summary(slo) for r in self.launches]
+        out = {k: float(np.mean([p[k] for p in per])) for k, v in per[0].items()
+               if isinstance(v, (int, float)) and k not in ("completed", "failed", "slo_pass")}
+        out["completed"] = int(sum(p["completed"] for p in per))
+        out["failed"] = int(sum(p["failed"] for p in per))
+        out["launches"] = len(per)
+        out["violations"] = slo_violations(out, slo)
+        out["slo_pass"] = not out["violations"]
+        return out
 
 
 def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False) -> list[RunData]:
@@ -75,15 +136,35 @@ def run_label(row: dict) -> str:
     return f"{row.get('chapter')}/{row.get('trial')}" if row.get("trial") else row["run_id"]
 
 
-def rank(runs: list[RunData], slo: SLO) -> pd.DataFrame:
-    """Runs ranked by goodput under `slo` (ties broken by output throughput); SLO failures rank last."""
-    recs = []
+def trials_of(runs: list[RunData]) -> list[TrialData]:
+    """Runs grouped into trials by trial key (launches of one configuration and workload), in first-seen order."""
+    by_key: dict[str, TrialData] = {}
     for r in runs:
-        s = summarize(r.table, r.duration, slo)
-        recs.append({"run_id": r.run_id, "label": r.label, "goodput": s.get("request_goodput", s["request_throughput"]),
+        by_key.setdefault(r.trial_key, TrialData(r.trial_key, r.label)).launches.append(r)
+    for t in by_key.values():
+        t.launches.sort(key=lambda r: str(r.row.get("started_at") or ""), reverse=True)
+    return list(by_key.values())
+
+
+def _as_trial(x: RunData | TrialData) -> TrialData:
+    return x if isinstance(x, TrialData) else TrialData(x.trial_key, x.label, [x])
+
+
+def rank(runs: list[RunData], slo: SLO) -> pd.DataFrame:
+    """Trials ranked by goodput under `slo` (ties broken by output throughput); SLO misses rank last.
+
+    Raises NotComparable when the runs do not share one comparability key.
+    """
+    comparable.check([r.row for r in runs], [r.label for r in runs])
+    recs = []
+    for t in trials_of(runs):
+        s = t.summary(slo)
+        recs.append({"trial_key": t.key, "label": t.label, "launches": s["launches"],
+                     "goodput": s.get("request_goodput", s["request_throughput"]),
                      "output_throughput": s["output_throughput"], "request_throughput": s["request_throughput"],
                      "p95_ttft_ms": s["p95_ttft_ms"], "p95_tpot_ms": s["p95_tpot_ms"], "p99_e2el_ms": s["p99_e2el_ms"],
-                     "completed": s["completed"], "failed": s["failed"], "slo_pass": meets_slo(s, slo)})
+                     "completed": s["completed"], "failed": s["failed"], "slo_pass": s["slo_pass"],
+                     "why_not": "; ".join(s["violations"]), "run_id": t.newest.run_id})
     df = pd.DataFrame(recs)
     if df.empty:
         return df
@@ -92,86 +173,250 @@ def rank(runs: list[RunData], slo: SLO) -> pd.DataFrame:
     return df
 
 
-def _rate(column: int, run: RunData):
-    """Over blocks [good, tokens, latency]: work / summed latency x mean concurrency (= work / duration)."""
-    conc = run.concurrency()
-    return lambda x: x[..., column].sum(axis=-1) / np.maximum(x[..., 2].sum(axis=-1), 1e-12) * conc
+def difference(a: RunData | TrialData, b: RunData | TrialData, slo: SLO, metric: str = "goodput",
+               n_boot: int = 2000, relative: bool = False) -> Interval:
+    """Interval of metric(a) - metric(b), or of metric(a)/metric(b) - 1 in percent when `relative`.
 
-
-def _p95_ttft(x: np.ndarray) -> np.ndarray:
-    return np.percentile(x[..., 0], 95, axis=-1) * 1000
-
-
-def difference(a: RunData, b: RunData, slo: SLO, metric: str = "goodput", n_boot: int = 2000,
-               relative: bool = False) -> Interval:
-    """Bootstrap interval of metric(a) - metric(b), or of metric(a)/metric(b) - 1 in percent when `relative`.
-
-    metric: goodput (requests/s meeting the SLOs), output_throughput (tokens/s) or p95_ttft_ms. Rates resample
-    blocks of consecutive requests of each run (see the module doc), P95 TTFT resamples requests.
+    a and b are launches or trials; a trial resamples its launches, then each launch's blocks (P95 TTFT: its
+    succeeded requests, like vllm bench's percentile), paired by block when both sent identical requests.
     """
-    stats = {"goodput": (_rate(0, a), _rate(0, b)),
-             "output_throughput": (_rate(1, a), _rate(1, b)),
-             "p95_ttft_ms": (_p95_ttft, _p95_ttft)}
-    if metric not in stats:
-        raise ValueError(f"metric {metric!r}: use one of {', '.join(stats)}")
-    combine = (lambda da, db: (da / db - 1) * 100) if relative else (lambda da, db: da - db)
-    if metric == "p95_ttft_ms":
-        # Like vllm bench, P95 TTFT is over the requests that succeeded; resampling only those keeps the
-        # percentile vectorised (nanpercentile falls back to one slow call per draw).
-        xa, xb = (r.table.ttft[r.table.ok & np.isfinite(r.table.ttft)][:, None] for r in (a, b))
-        if not (len(xa) and len(xb)):
-            return Interval(float("nan"), float("nan"), float("nan"))
-    else:
-        xa, xb = a.per_block(slo), b.per_block(slo)
-    return bootstrap_two(xa, xb, *stats[metric], combine, n_boot)
+    if metric not in STATISTICS:
+        raise ValueError(f"metric {metric!r}: use one of {', '.join(STATISTICS)}")
+    ta, tb = _as_trial(a), _as_trial(b)
+    la = [r.launch(metric, slo) for r in ta.launches]
+    lb = [r.launch(metric, slo) for r in tb.launches]
+    if any(len(x.units) == 0 for x in la + lb):
+        return Interval(float("nan"), float("nan"), float("nan"))
+    return stats.compare_trials(la, lb, STATISTICS[metric], relative=relative, n_boot=n_boot)
 
 
 @dataclass
 class Winner:
     ranking: pd.DataFrame
-    winner: RunData | None
+    winner: RunData | None  # the winning trial's newest launch (its launch command is exported)
     runner_up: RunData | None
     margin: Interval | None  # winner goodput - runner-up goodput, requests/s
+    winner_trial: TrialData | None = None
+    runner_up_trial: TrialData | None = None
+    key: str = ""
 
     @property
     def within_noise(self) -> bool:
         return self.margin is not None and not self.margin.excludes_zero
+
+    @property
+    def verdict(self) -> str:
+        """better / can't tell, and whether the launch-to-launch spread is known."""
+        if self.winner_trial is None or self.runner_up_trial is None or self.margin is None:
+            return ""
+        launches = (len(self.winner_trial.launches), len(self.runner_up_trial.launches))
+        return stats.verdict(self.margin, True, self.margin.excludes_zero, launches)
 
 
 def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 2000) -> Winner:
     ranking = rank(runs, slo)
     if ranking.empty:
         return Winner(ranking, None, None, None)
-    by_id = {r.run_id: r for r in runs}
-    first = by_id[ranking.run_id[0]]
+    trials = {t.key: t for t in trials_of(runs)}
+    key = comparable.comparability_key(runs[0].row)
     if not ranking.slo_pass[0]:
-        return Winner(ranking, None, None, None)  # nothing meets the SLOs: no winner, say so
-    second = by_id[ranking.run_id[1]] if len(ranking) > 1 else None
+        return Winner(ranking, None, None, None, key=key)  # nothing meets the SLOs: no winner, say so
+    first = trials[ranking.trial_key[0]]
+    second = trials[ranking.trial_key[1]] if len(ranking) > 1 else None
     margin = difference(first, second, slo, "goodput", n_boot) if second else None
-    return Winner(ranking, first, second, margin)
+    return Winner(ranking, first.newest, second.newest if second else None, margin, first, second, key)
+
+
+def chapter_trials(store: Store, experiment: str, chapter: str | None = None,
+                   include_unreliable: bool = False) -> list[RunData]:
+    """Every ok launch of every trial key of an experiment (or one chapter), reliable ones unless asked.
+
+    Not only the current definition of each name (selection.current): a smoke run with fewer requests is its
+    own trial, set only against runs of its own comparability key, and never hides the full measurement.
+    """
+    runs = store.runs(experiment=experiment, chapter=chapter)
+    runs = runs[runs.status.isin(selection.MEASURED)] if not runs.empty else runs
+    if runs.empty:
+        return []
+    if not include_unreliable:
+        runs = runs[~unreliable(runs)]
+    return load_runs(store, list(runs.run_id))
+
+
+def unreliable(runs: pd.DataFrame) -> pd.Series:
+    """Runs marked "unreliable: ..." by analysis/validity.py (older files have no such column: none are)."""
+    if "validity" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs.validity.fillna("").astype(str).str.startswith("unreliable")
 
 
 def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.DataFrame:
-    """For each chapter: every ok trial against its baseline, relative change with a 95% interval."""
-    runs = selection.current(store.runs(experiment=experiment), measured_only=True)
-    if runs.empty:
-        return pd.DataFrame()
-    data = {r.run_id: r for r in load_runs(store, list(runs.run_id))}
-    run_of = {(c, t): rid for c, t, rid in zip(runs.chapter, runs.trial, runs.run_id)}
+    """For each chapter: every trial against its baseline, relative change, 95% interval, Holm-corrected verdict.
+
+    A trial is paired with the baseline trial of its chapter that has its comparability key (same requests,
+    tokenizer, machine, build), not merely its name: a smoke run with fewer requests has no baseline to meet.
+    """
+    data = chapter_trials(store, experiment)
     recs = []
-    for row in runs.to_dict("records"):
-        base_name = row.get("baseline")
-        base_id = run_of.get((row["chapter"], base_name))
-        if row["run_id"] not in data or base_id not in data:  # no baseline named, or none finished
-            continue
-        a, b = data[row["run_id"]], data[base_id]
-        for metric, better in (("goodput", "higher"), ("output_throughput", "higher"), ("p95_ttft_ms", "lower")):
-            iv = difference(a, b, slo, metric, n_boot, relative=True)
-            if not iv.excludes_zero:
-                verdict = "within noise"
-            else:
-                verdict = "better" if (iv.estimate > 0) == (better == "higher") else "worse"
-            recs.append({"chapter": row["chapter"], "trial": row["trial"], "baseline": base_name, "metric": metric,
-                         "change_pct": iv.estimate, "low_pct": iv.low, "high_pct": iv.high, "verdict": verdict,
-                         "run_id": a.run_id, "baseline_run_id": b.run_id})
+    for chapter in dict.fromkeys(r.row.get("chapter") for r in data):
+        trials = trials_of([r for r in data if r.row.get("chapter") == chapter])
+        mine = []
+        for t in trials:
+            base_name = t.newest.row.get("baseline")
+            if not isinstance(base_name, str) or t.newest.row.get("trial") == base_name:
+                continue
+            key = comparable.comparability_key(t.newest.row)
+            bases = [b for b in trials if b.newest.row.get("trial") == base_name
+                     and comparable.comparability_key(b.newest.row) == key]
+            if not bases:
+                others = [b for b in trials if b.newest.row.get("trial") == base_name]
+                why = ("; ".join(comparable.differences(t.newest.row, others[0].newest.row)) if others
+                       else "no finished baseline run")
+                recs.append({"chapter": chapter, "trial": t.newest.row.get("trial"), "baseline": base_name,
+                             "metric": "all", "change_pct": np.nan, "low_pct": np.nan, "high_pct": np.nan,
+                             "p_value": np.nan, "verdict": f"not compared: {why}", "launches": len(t.launches),
+                             "baseline_launches": 0, "run_id": t.newest.run_id, "baseline_run_id": None})
+                continue
+            base = max(bases, key=lambda b: str(b.newest.row.get("started_at") or ""))
+            for metric, higher in METRICS.items():
+                rel = difference(t, base, slo, metric, n_boot, relative=True)
+                # the verdict rests on the absolute difference: a zero baseline has no relative change
+                iv = difference(t, base, slo, metric, n_boot)
+                mine.append(({"chapter": chapter, "trial": t.newest.row.get("trial"), "baseline": base_name,
+                              "metric": metric, "change_pct": rel.estimate, "low_pct": rel.low, "high_pct": rel.high,
+                              "difference": iv.estimate, "low": iv.low, "high": iv.high,
+                              "p_value": iv.p_value, "launches": len(t.launches),
+                              "baseline_launches": len(base.launches), "run_id": t.newest.run_id,
+                              "baseline_run_id": base.newest.run_id}, iv, higher))
+        # Holm across the chapter's trials x metrics: a family of comparisons, one error rate
+        confident = stats.holm([iv.p_value for _, iv, _ in mine])
+        for (rec, iv, higher), sure in zip(mine, confident):
+            rec["verdict"] = stats.verdict(iv, higher, bool(sure), (rec["launches"], rec["baseline_launches"]))
+            recs.append(rec)
     return pd.DataFrame(recs)
+
+
+# --- re-scoring stored runs: the winner of each comparable group, and A against B --------------------------
+@dataclass
+class Verdict:
+    """A group's winner with its margins: over the runner-up, and over the chapter's baseline."""
+
+    winner: Winner
+    chapters: list[str]
+    baseline: TrialData | None = None
+    over_baseline: Interval | None = None
+    unreliable_in: int = 0  # launches ranked here although marked unreliable (--include-unreliable)
+    unreliable_out: int = 0  # launches of the experiment (or chapter) left out as unreliable
+
+
+def stored_slo(store: Store, experiment: str) -> SLO:
+    """The SLOs the experiment's newest run was measured under (what `--slo` overrides)."""
+    import json
+
+    runs = store.runs(experiment=experiment)
+    text = next((s for s in runs.get("slo_json", []) if isinstance(s, str) and s), None)
+    return SLO.model_validate(json.loads(text)) if text else SLO()
+
+
+def winners(store: Store, experiment: str, slo: SLO, chapter: str | None = None,
+            include_unreliable: bool = False, n_boot: int = 2000) -> list[Verdict]:
+    """One verdict per group of comparable runs (same comparability key) of an experiment or chapter."""
+    data = chapter_trials(store, experiment, chapter, include_unreliable)
+    everything = store.runs(experiment=experiment, chapter=chapter, status="ok")
+    marked = int(unreliable(everything).sum()) if not everything.empty else 0
+    if not data and marked:
+        raise comparable.NotComparable(
+            f"every ok run of {experiment}{' chapter ' + chapter if chapter else ''} ({marked}) is marked unreliable "
+            "(see `qwen3lab runs`): pass --include-unreliable to rank them anyway, or measure on a quieter machine")
+    groups: dict[str, list[RunData]] = {}
+    for r in data:
+        groups.setdefault(comparable.comparability_key(r.row), []).append(r)
+    out = []
+    for runs in groups.values():
+        w = pick_winner(runs, slo, n_boot)
+        chapters = list(dict.fromkeys(str(r.row.get("chapter")) for r in runs))
+        bad = sum(1 for r in runs if str(r.row.get("validity") or "").startswith("unreliable"))
+        v = Verdict(w, chapters, unreliable_in=bad, unreliable_out=0 if include_unreliable else marked)
+        if w.winner_trial is not None:
+            base_name = w.winner.row.get("baseline")
+            bases = [t for t in trials_of(runs) if isinstance(base_name, str) and t.newest.row.get("trial") == base_name
+                     and t.newest.row.get("chapter") == w.winner.row.get("chapter")]
+            if bases and bases[0].key != w.winner_trial.key:
+                v.baseline = bases[0]
+                v.over_baseline = difference(w.winner_trial, bases[0], slo, "goodput", n_boot)
+        out.append(v)
+    return out
+
+
+def resolve(store: Store, ref: str, experiment: str | None = None, include_unreliable: bool = True) -> TrialData:
+    """A run id, a trial key, or CHAPTER/TRIAL (of `experiment`) -> the trial with its ok launches."""
+    runs = store.runs(experiment=experiment, status="ok")
+    if runs.empty:
+        raise comparable.NotComparable(f"no ok runs{' of ' + experiment if experiment else ''} to find {ref!r} in")
+    labels = runs.chapter.astype(str) + "/" + runs.trial.astype(str)
+    if (runs.run_id == ref).any():
+        pick = runs[runs.run_id == ref]
+    else:
+        pick = runs[(runs.trial_key == ref) | (labels == ref)]
+        if pick.trial_key.nunique() > 1:  # one label, several configurations or workloads: the newest
+            pick = pick[pick.trial_key == pick.trial_key.iloc[0]]
+    if pick.empty:
+        raise comparable.NotComparable(
+            f"{ref!r} is neither a run id, a trial key nor CHAPTER/TRIAL of an ok run"
+            f"{' of ' + experiment if experiment else ''}: list them with `qwen3lab runs`")
+    trials = trials_of(load_runs(store, list(pick.run_id)))
+    if not trials:
+        raise comparable.NotComparable(f"{ref!r} has no stored requests to compare")
+    return trials[0]
+
+
+def compare_two(a: TrialData, b: TrialData, slo: SLO, n_boot: int = 2000) -> pd.DataFrame:
+    """Each metric of a against b: both figures, the difference, its 95% interval, and the verdict."""
+    comparable.check([a.newest.row, b.newest.row], [a.label, b.label])
+    sa, sb = a.summary(slo), b.summary(slo)
+    recs = []
+    for metric, higher in METRICS.items():
+        iv = difference(a, b, slo, metric, n_boot)
+        rel = difference(a, b, slo, metric, n_boot, relative=True)
+        key = SUMMARY_OF[metric] if SUMMARY_OF[metric] in sa else "request_throughput"
+        recs.append({"metric": metric, "a": sa[key], "b": sb[key], "difference": iv.estimate, "low": iv.low,
+                     "high": iv.high, "change_pct": rel.estimate, "low_pct": rel.low, "high_pct": rel.high,
+                     "p_value": iv.p_value,
+                     "verdict": stats.verdict(iv, higher, iv.excludes_zero, (len(a.launches), len(b.launches)))})
+    return pd.DataFrame(recs)
+
+
+def runs_under(store: Store, runs: pd.DataFrame, slo: SLO) -> pd.DataFrame:
+    """`runs` with slo_pass, request_goodput and why_not recomputed under `slo` (rows without requests: NaN)."""
+    out = runs.copy()
+    ok = list(out[out.status == "ok"].run_id) if not out.empty else []
+    by_id = {r.run_id: r.summary(slo) for r in load_runs(store, ok)}
+    out["request_goodput"] = [by_id[r]["request_goodput"] if r in by_id and "request_goodput" in by_id[r]
+                              else (by_id[r]["request_throughput"] if r in by_id else np.nan) for r in out.run_id]
+    out["slo_pass"] = [bool(by_id[r]["slo_pass"]) if r in by_id else False for r in out.run_id]
+    out["why_not"] = ["; ".join(slo_violations(by_id[r], slo)) if r in by_id else "no stored requests"
+                      for r in out.run_id]
+    return out
+
+
+def parse_slo(pairs: list[str] | None, base: SLO | None = None) -> SLO:
+    """`ttft_p95_ms=500` items over `base`; a bad one is an error naming it, the allowed fields and the fix."""
+    from qwen3lab.errors import Qwen3LabError
+
+    values = (base or SLO()).model_dump()
+    for item in pairs or []:
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or name not in SLO.model_fields:
+            raise Qwen3LabError(f"--slo {item!r}: write NAME=VALUE with NAME one of {', '.join(SLO.model_fields)}, "
+                                "e.g. --slo ttft_p95_ms=500")
+        try:
+            values[name] = None if value.strip().lower() in ("", "none") else float(value)
+        except ValueError:
+            raise Qwen3LabError(f"--slo {item!r}: {value!r} is not a number of milliseconds (or a fraction for "
+                                "max_failed_fraction); e.g. --slo tpot_p95_ms=50") from None
+    try:
+        return SLO(**values)
+    except Exception as exc:  # pydantic: a value out of range
+        raise Qwen3LabError(f"--slo: {exc}".splitlines()[0] + f" ({'; '.join(pairs or [])}): limits are > 0 ms, "
+                            "max_failed_fraction within 0..1") from None

@@ -7,6 +7,10 @@ the numactl prefix, and the environment the server got. So pasted on the machine
 the same server. The container forms use the upstream `vllm/vllm-openai` image, whose entrypoint is
 `vllm serve`: they get the model and the flags, a GPU, the Hugging Face cache and the env.
 
+A split topology (engine.topology) exports as its three processes: a bash script that starts both servers and
+`qwen3lab router` in front of them, compose with three services, and one Kubernetes pod (the router beside the
+servers, on localhost).
+
 Compose and Kubernetes both expand `$` in values (`${VAR}`, `$(VAR)`); both read `$$` as a literal `$`,
 so every `$` of a value is doubled there.
 """
@@ -23,7 +27,8 @@ from qwen3lab.measure.engine import Build, Launch, probe_build, server_env_defau
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.redact import REDACTED
 from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
-from qwen3lab.experiment.spec import EngineConfig
+from qwen3lab.experiment.spec import ROUTE_NAMES, EngineConfig
+from qwen3lab.measure import topology
 
 IMAGE = "vllm/vllm-openai"
 CONTAINER_PORT = 8000
@@ -243,8 +248,104 @@ def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -
         notes.append(f"the build's python {build.python} is not on this machine: paste the shell command where the "
                      "run was measured")
     annotations = {"qwen3lab/run-id": str(run.get("run_id")), "qwen3lab/config-hash": str(run.get("config_hash"))}
+    if config.topology is not None:  # three processes: no single `docker run` starts them
+        split = export_split(config, build, run.get("vllm_version"), header, annotations=annotations)
+        docker = "# A split topology is three processes (two vLLM servers and the router): use Compose or Kubernetes.\n"
+        return Export(run_id=str(run.get("run_id")), shell=split.shell, docker=docker, compose=split.compose,
+                      kubernetes=split.kubernetes, launch=split.launches["short"], container=c,
+                      notes=notes + ["split topology: the router listens on port 9000, the servers on 8001 and 8002"])
     return Export(
         run_id=str(run.get("run_id")), shell=shell_command(launch), docker=docker_run(c, config, port),
         compose=_yaml([compose_dict(c, port)], header), kubernetes=_yaml(kubernetes_dicts(c, annotations=annotations), header),
         launch=launch, container=c, notes=notes,
     )
+
+
+# --- the split topology: two vLLM servers and the router ------------------------------------------------
+SPLIT_PORTS, ROUTER_PORT = topology.PORTS, topology.ROUTER_PORT
+ROUTER_IMAGE = "qwen3lab:latest"  # docker build -t qwen3lab -f deploy/router.Dockerfile .
+SPLIT_FORMATS = ("shell", "compose", "kubernetes")
+
+
+@dataclass(frozen=True)
+class SplitExport:
+    shell: str
+    compose: str
+    kubernetes: str
+    launches: dict[str, Launch]  # short, long: what the shell script starts
+    router_argv: list[str]
+
+
+def _devices(service: dict, gpu: int) -> None:
+    device = service["deploy"]["resources"]["reservations"]["devices"][0]
+    device.pop("count")
+    device["device_ids"] = [str(gpu)]
+
+
+def split_compose_dict(config: EngineConfig, vllm_version: str | None) -> dict:
+    """Three services: vllm-short and vllm-long (one GPU shared, or one each) and the router in front."""
+    t = config.topology
+    services = {}
+    for i, (name, cfg) in enumerate(config.route_engines().items()):
+        service = compose_dict(container(cfg, vllm_version), SPLIT_PORTS[name], f"vllm-{name}")["services"][f"vllm-{name}"]
+        _devices(service, t.gpus[i] if t.gpus else 0)
+        if name == "long" and t.shares_gpu:  # after short is up: each sizes its KV cache from the free memory
+            service["depends_on"] = {"vllm-short": {"condition": "service_healthy"}}
+        services[f"vllm-{name}"] = service
+    rc = topology.router_config(config, {n: f"http://vllm-{n}:{CONTAINER_PORT}" for n in ROUTE_NAMES}, "0.0.0.0")
+    services["router"] = {
+        "image": ROUTER_IMAGE,
+        "command": [_dollars(a) for a in rc.argv()],
+        "ports": [f"{ROUTER_PORT}:{ROUTER_PORT}"],
+        "environment": {"HF_TOKEN": "${HF_TOKEN:-}"},
+        "volumes": [f"{HOST_HF_CACHE}:{CONTAINER_HF_CACHE}"],  # the tokenizer, when it is a hub id
+        "depends_on": {f"vllm-{n}": {"condition": "service_healthy"} for n in ROUTE_NAMES},
+    }
+    return {"services": services}
+
+
+def split_kubernetes_dicts(config: EngineConfig, vllm_version: str | None, name: str = "qwen3lab-split",
+                           annotations: dict | None = None) -> list[dict]:
+    """One pod (the three share localhost): the router container and the servers. Kubernetes gives a GPU to one
+    container only, so two servers sharing a GPU run in one container; with gpus: [a, b] each has its own."""
+    engines = config.route_engines()
+    args = {n: container(cfg, vllm_version, SPLIT_PORTS[n]).args for n, cfg in engines.items()}
+    deployment, service = kubernetes_dicts(container(engines["short"], vllm_version, SPLIT_PORTS["short"]), name,
+                                           annotations)
+    pod = deployment["spec"]["template"]["spec"]
+    base = pod["containers"][0]
+    servers = []
+    for n in engines:
+        probe = {"httpGet": {"path": "/health", "port": n}, "periodSeconds": 10}
+        servers.append(dict(base, name=f"vllm-{n}", args=[_dollars(a) for a in args[n]],
+                            ports=[{"name": n, "containerPort": SPLIT_PORTS[n]}],
+                            startupProbe={**probe, "failureThreshold": 90}, readinessProbe=probe))
+    if config.topology.shares_gpu:  # one container, short first (see topology.shell_script); either's exit ends it
+        serve = ["vllm serve " + " ".join(shlex.quote(a) for a in args[n]) for n in engines]
+        ready = f"until curl -fsS -o /dev/null http://127.0.0.1:{SPLIT_PORTS['short']}/health; do sleep 5; done"
+        both = {k: v for k, v in servers[0].items() if k not in ("startupProbe", "readinessProbe")}
+        both.update(name="vllm", command=["/bin/bash", "-c"],
+                    args=[_dollars(f"{serve[0]} & {ready}; {serve[1]} & wait -n; exit 1")],
+                    ports=[{"name": n, "containerPort": SPLIT_PORTS[n]} for n in engines])
+        servers = [both]
+    rc = topology.router_config(config, {n: f"http://127.0.0.1:{SPLIT_PORTS[n]}" for n in engines}, "0.0.0.0")
+    router = {"name": "router", "image": ROUTER_IMAGE, "args": [_dollars(a) for a in rc.argv()],
+              "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+              # /health is 503 until both servers answer: traffic waits for all three
+              "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+              "volumeMounts": [{"name": "hf-cache", "mountPath": CONTAINER_HF_CACHE}]}
+    pod["containers"] = [router, *servers]
+    service["spec"]["ports"] = [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]
+    return [deployment, service]
+
+
+def export_split(config: EngineConfig, build: Build, vllm_version: str | None = None, header: list[str] = (),
+                 router_command: tuple[str, ...] = ("qwen3lab",), annotations: dict | None = None) -> SplitExport:
+    if config.topology is None:
+        raise ExportError("this config has no engine.topology: export it with export_run's single-server forms")
+    # The shell script is the one the run stored (topology.launch_command), header-less, so both stay one text.
+    shell, launches, router_argv = topology.shell_script(config, build, router_command)
+    head = list(header) + [f"router image: docker build -t {ROUTER_IMAGE.split(':')[0]} -f deploy/router.Dockerfile ."]
+    return SplitExport(shell=shell, compose=_yaml([split_compose_dict(config, vllm_version)], head),
+                       kubernetes=_yaml(split_kubernetes_dicts(config, vllm_version, annotations=annotations), head),
+                       launches=launches, router_argv=router_argv)

@@ -142,9 +142,10 @@ def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
     df = claims[claims.metric == metric]
     fig = go.Figure()
     if df.empty:
-        return _empty(fig, "No trial has a finished baseline to compare against")
+        return _empty(fig, "No trial has a comparable finished baseline to compare against")
     names = df.chapter + "/" + df.trial + " vs " + df.baseline
-    colours = df.verdict.map({"better": "#2ca02c", "worse": "#d62728"}).fillna("#7f7f7f")
+    word = df.verdict.str.split(" ").str[0]  # "better (one launch: …)" is still better
+    colours = word.map({"better": "#2ca02c", "worse": "#d62728"}).fillna("#7f7f7f")
     fig.add_trace(go.Scatter(x=df.change_pct, y=names, mode="markers", marker=dict(size=10, color=colours),
                              error_x=dict(type="data", symmetric=False, array=df.high_pct - df.change_pct,
                                           arrayminus=df.change_pct - df.low_pct),
@@ -158,7 +159,7 @@ def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
 def ceiling_figure(ceilings: pd.DataFrame, labels: dict[str, str]):
     """Measured output throughput beside its roofline ceiling, one pair of bars a run, efficiency on top.
 
-    ceilings: rows of `planner.run_ceiling` with a run_id column (only those with a ceiling are drawn)."""
+    ceilings: rows of `efficiency.run_ceiling` with a run_id column (only those with a ceiling are drawn)."""
     go = _go()
     df = ceilings[ceilings.available.astype(bool)] if not ceilings.empty else ceilings
     fig = go.Figure()

@@ -19,7 +19,7 @@ import copy
 import difflib
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -28,6 +28,7 @@ from qwen3lab.errors import SpecError, SpecErrors
 from qwen3lab.experiment.spec import SLO, AnyEngine, EndpointConfig, EngineConfig, Trial, Workload
 
 _ENGINE = TypeAdapter(AnyEngine)
+Repeats = Union[Annotated[int, Field(ge=1, le=50)], Literal["auto"]]  # launches of each trial, or auto
 
 
 class Chapter(BaseModel):
@@ -36,6 +37,10 @@ class Chapter(BaseModel):
     notebook: str | None = Field(None, description="Notebook that runs it (default: by chapter name).")
     baseline: str | None = Field(None, description="Trial the others are compared against (default: the first).")
     skip: str | None = Field(None, description="Why the whole chapter cannot run on this engine.")
+    repeats: Repeats | None = Field(None, description="Launches of each trial of this "
+                                                 "chapter, or auto (default: the experiment's repeats).")
+    max_repeats: int | None = Field(None, ge=2, le=50, description="With repeats: auto, the most launches of a trial "
+                                    "(default: the experiment's max_repeats).")
     matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted key -> values, crossed.")
     trials: list[dict[str, Any]] = Field(default_factory=list, description="Trials as {name, dotted overrides}.")
 
@@ -48,6 +53,12 @@ class Experiment(BaseModel):
     engine: dict[str, Any] = Field(default_factory=dict, description="Base EngineConfig or EndpointConfig.")
     workload: dict[str, Any] = Field(default_factory=dict, description="Base Workload.")
     slo: dict[str, Any] = Field(default_factory=dict, description="SLO targets.")
+    repeats: Repeats = Field(1, description="Launches of each trial, interleaved across "
+                                           "a chapter's trials (A B C A B C) so slow drift spreads evenly; 2 or more "
+                                           "puts the launch-to-launch spread into every interval. auto: 2 each, then "
+                                           "one more of each of the leading two while their intervals overlap, up "
+                                           "to max_repeats.")
+    max_repeats: int = Field(4, ge=2, le=50, description="With repeats: auto, the most launches of a trial.")
     matrix: dict[str, list[Any]] = Field(default_factory=dict, description="Chapter `main`: dotted key -> values.")
     trials: list[dict[str, Any]] = Field(default_factory=list, description="Chapter `main`: explicit trials.")
     chapters: dict[str, Chapter] = Field(default_factory=dict, description="Named chapters of the workbook.")
@@ -114,7 +125,16 @@ def _trial(exp: Experiment, chapter_name: str, chapter: Chapter, spec: dict[str,
         experiment=exp.name, chapter=chapter_name, name=str(spec["name"]), engine=engine, workload=workload,
         slo=slo, skip_reason=spec.get("skip_reason") or chapter.skip,
         baseline=None if spec["name"] == baseline else baseline, tags=spec.get("tags", {}),
+        **_repeats(exp, chapter),
     )
+
+
+def _repeats(exp: Experiment, chapter: Chapter) -> dict[str, Any]:
+    """A trial's repeats: a number, or auto = two launches, and more for the leading two up to max_repeats."""
+    repeats = chapter.repeats or exp.repeats
+    if repeats == "auto":
+        return {"repeats": 2, "max_repeats": chapter.max_repeats or exp.max_repeats}
+    return {"repeats": repeats}
 
 
 def expand(exp: Experiment, only: list[str] | None = None) -> list[Trial]:

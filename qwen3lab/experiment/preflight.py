@@ -248,6 +248,16 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
     cfg = trial.engine
     if cfg.kind != "vllm":
         return verdict
+    if cfg.topology is not None:
+        return _expectation(_check_split(verdict, cfg, machine, gpu_id, where), where)
+    _check_engine(verdict, cfg, machine, gpu_id, where)
+    return _expectation(verdict, where)
+
+
+def _check_engine(verdict: Verdict, cfg: EngineConfig, machine: Machine | None, gpu_id: str | None,
+                  where: str) -> None:
+    """One server's rules, machine fit and memory plan, added to the verdict."""
+    trial = verdict.trial
     info = model_info(cfg.model)
     if info is None:
         verdict.notes.append(f"architecture of {cfg.model} unknown here (not cached): model rules not checked")
@@ -261,7 +271,8 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
         verdict.errors += errors
         verdict.skip = verdict.skip or skip
         verdict.notes += notes
-    target = plan_target(gpu_id, machine)
+    # Under `emulate` memory is judged on the target card; kernels (and machine rules) stay the host's.
+    target = cfg.emulate or plan_target(gpu_id, machine)
     if info is not None and target:
         from qwen3lab.hardware import planner
 
@@ -272,7 +283,45 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
                 verdict.notes.append(f"moot here (trial is skipped): {error}")
             else:
                 verdict.errors.append(error)
-    return _expectation(verdict, where)
+
+
+def _longest_output(workload, long_cfg: EngineConfig) -> int:
+    """The longest output the workload asks for, after fitting its mix to the long server (as the runner does)."""
+    from qwen3lab.measure import workload as wl
+
+    mix = wl.resolve_mix(workload)
+    if workload.fit_to_context and long_cfg.max_model_len:
+        mix = wl.fit_mix(mix, long_cfg.max_model_len)
+    return max(c.output_tokens if isinstance(c.output_tokens, int) else c.output_tokens[1] for c in mix)
+
+
+def _check_split(verdict: Verdict, cfg: EngineConfig, machine: Machine | None, gpu_id: str | None,
+                 where: str) -> Verdict:
+    """A split topology: each server's own rules and memory plan (on a shared GPU each is planned at its
+    gpu_memory_utilization share, which is how vLLM budgets it), and a threshold both servers can serve."""
+    t = cfg.topology
+    plans = {}
+    output = _longest_output(verdict.trial.workload, cfg.route_engines()["long"])
+    for name, route_cfg in cfg.route_engines().items():
+        verdict.plan = None
+        _check_engine(verdict, route_cfg, machine, gpu_id, f"{where}/{name}")
+        plans[name] = verdict.plan
+        info = model_info(route_cfg.model)
+        served = route_cfg.max_model_len or (info.max_position_embeddings if info else None)
+        need = t.threshold_tokens + output  # round-robin sends anything anywhere: judged the same way
+        if served is not None and served < need:
+            verdict.errors.append(SpecError(
+                f"engine.topology.routes.{name}.max_model_len", served,
+                f"at least threshold_tokens + the workload's longest output = {t.threshold_tokens} + {output} = {need}",
+                "raise that route's max_model_len, lower threshold_tokens, or shorten the outputs", where))
+    if t.gpus is not None and machine is not None and machine.device != "cpu" and max(t.gpus) >= machine.gpu_count:
+        verdict.skip = verdict.skip or f"topology.gpus {list(t.gpus)} needs {max(t.gpus) + 1} GPUs; this machine has {machine.gpu_count}"
+    verdict.notes = list(dict.fromkeys(verdict.notes))  # a rule both servers share is said once
+    if any(plans.values()):
+        verdict.plan = {"routes": plans, "summary": "; ".join(f"{n}: {p.get('summary')}" for n, p in plans.items() if p)}
+    else:
+        verdict.plan = None
+    return verdict
 
 
 def _expectation(verdict: Verdict, where: str) -> Verdict:

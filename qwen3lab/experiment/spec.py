@@ -2,6 +2,9 @@
 
 Every field is vLLM's own name and carries a description. `None` always means "vLLM's default", so a config
 with nothing set *is* the vLLM-defaults baseline, and `to_argv()` emits only what was set.
+
+Lines: one module because every experiment-file model validates against the others (an engine's split topology
+builds its two route engines); splitting it would only move the flag table away from the fields it writes.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import os
 import shlex
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qwen3lab.errors import SpecError
 
@@ -28,6 +31,58 @@ OWNED_FLAGS = {"--host", "--port", "--model"}
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+ROUTE_NAMES = ("short", "long")
+# What a route may not override: it is one topology of one model, and the topology is not nested.
+_ROUTE_FIXED = {"kind", "model", "tokenizer", "served_model_name", "topology"}
+
+
+class SplitTopology(Strict):
+    """Two vLLM servers of one model behind `qwen3lab router`: prompts of at most `threshold_tokens` tokens go
+    to `short`, longer ones to `long` (the recipes' short-chat / long-document split)."""
+
+    kind: Literal["split"] = Field("split", description="Two servers behind the length-aware router.")
+    threshold_tokens: int = Field(ge=1, description="Prompts of at most this many tokens go to short, longer ones to long.")
+    routes: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"short": {}, "long": {}},
+        description="Engine overrides per route (short, long), over the base engine, e.g. long: {max_model_len: 131072}.")
+    memory_split: tuple[float, float] | None = Field(
+        None, description="gpu_memory_utilization of short and long; on one GPU their sum must be at most 1.")
+    gpus: tuple[int, int] | None = Field(
+        None, description="CUDA devices of short and long, e.g. [0, 1]; unset = both share the first GPU.")
+    policy: Literal["length", "round-robin"] = Field(
+        "length", description="length (by prompt tokens), or round-robin (each server in turn, for comparison).")
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, v):
+        if sorted(v) != sorted(ROUTE_NAMES):
+            raise ValueError(f"routes must name exactly short and long, not {sorted(v)}")
+        for name, overrides in v.items():
+            if fixed := _ROUTE_FIXED & set(overrides):
+                raise ValueError(f"routes.{name} may not set {', '.join(sorted(fixed))}: both servers serve the "
+                                 "base engine's model; set it on the engine")
+        return v
+
+    @field_validator("memory_split")
+    @classmethod
+    def _split(cls, v):
+        if v is not None and not all(0 < f <= 1 for f in v):
+            raise ValueError(f"memory_split {list(v)}: each share must be in (0, 1], e.g. [0.45, 0.45]")
+        return v
+
+    @model_validator(mode="after")
+    def _one_gpu(self):
+        shared = self.gpus is None or self.gpus[0] == self.gpus[1]
+        if shared and self.memory_split and sum(self.memory_split) > 1:
+            raise ValueError(f"memory_split {list(self.memory_split)} sums to {sum(self.memory_split):g} on one GPU: "
+                             "at most 1 (e.g. [0.45, 0.45]), or give each server its own GPU with gpus: [0, 1]")
+        return self
+
+    @property
+    def shares_gpu(self) -> bool:
+        return self.gpus is None or self.gpus[0] == self.gpus[1]
 
 
 class EngineConfig(Strict):
@@ -76,8 +131,13 @@ class EngineConfig(Strict):
         description="The vLLM build to run: a venv folder or its bin/python. Unset = the python running "
         "qwen3lab. This is how two vLLM versions or a source build are compared.",
     )
+    emulate: str | None = Field(
+        None, description="Measure as if on this smaller GPU (catalogue id, e.g. a100-80g, rtx4090) on a bigger "
+        "one: vLLM's memory budget is capped to the target's gpu_memory_utilization x total. Speeds stay the host's.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the server only.")
     extra_args: list[str] = Field(default_factory=list, description="Any other `vllm serve` flags, passed through.")
+    topology: SplitTopology | None = Field(
+        None, description="Unset: one server. split: a short and a long server behind `qwen3lab router`.")
 
     @field_validator("block_size")
     @classmethod
@@ -107,6 +167,18 @@ class EngineConfig(Strict):
             raise ValueError(f"unknown quantization {v!r}; allowed: {', '.join(QUANTIZATIONS)}")
         return v
 
+    @field_validator("emulate")
+    @classmethod
+    def _emulate(cls, v):
+        if v is not None:
+            from qwen3lab.hardware.catalogue import ALIASES, CATALOGUE
+
+            key = ALIASES.get(v.lower(), v.lower())
+            if key not in CATALOGUE:
+                raise ValueError(f"unknown GPU {v!r} to emulate; allowed: {', '.join([*CATALOGUE, *ALIASES])}")
+            return key
+        return v
+
     @field_validator("python")
     @classmethod
     def _python(cls, v):
@@ -128,6 +200,30 @@ class EngineConfig(Strict):
             if base in _FLAG_TO_FIELD:
                 raise ValueError(f"{flag} has its own field `{_FLAG_TO_FIELD[base]}`; set that instead")
         return v
+
+    @model_validator(mode="after")
+    def _route_overrides(self):
+        if self.topology is not None:
+            self.route_engines()  # a bad override is refused here, naming its route
+        return self
+
+    def route_engines(self) -> dict[str, "EngineConfig"]:
+        """A split topology's two servers: the base engine with each route's overrides and memory share."""
+        if self.topology is None:
+            raise ValueError("route_engines needs engine.topology")
+        t = self.topology
+        base = self.model_dump(exclude={"topology"})
+        out = {}
+        for i, name in enumerate(ROUTE_NAMES):
+            data = {**base, **t.routes.get(name, {})}
+            if t.memory_split:
+                data["gpu_memory_utilization"] = t.memory_split[i]
+            try:
+                out[name] = EngineConfig.model_validate(data)
+            except ValidationError as exc:
+                raise ValueError("; ".join(f"topology.routes.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                           for e in exc.errors())) from None
+        return out
 
     # --- argv -----------------------------------------------------------------------------------------
     def vllm_executable(self) -> str:
@@ -160,6 +256,11 @@ class EngineConfig(Strict):
         return [*self.numactl_prefix(), self.vllm_executable(), "serve", self.model, *self.serve_flags()]
 
     def to_shell(self) -> str:
+        if self.topology is not None:  # for reading: each server's command, then how the router splits
+            t = self.topology
+            rule = f"prompts of at most {t.threshold_tokens} tokens to short" if t.policy == "length" else "round-robin"
+            return "\n".join([*(f"{n}: {c.to_shell()}" for n, c in self.route_engines().items()),
+                              f"router: qwen3lab router, {rule}"])
         env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
         return " ".join(env + [shlex.quote(a) for a in self.to_argv()])
 
@@ -337,6 +438,8 @@ class SLO(Strict):
     ttft_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TTFT must be at most this.")
     tpot_p95_ms: float | None = Field(None, gt=0, description="Trial-level: P95 TPOT must be at most this.")
     e2el_p99_ms: float | None = Field(None, gt=0, description="Trial-level: P99 E2EL must be at most this.")
+    max_failed_fraction: float = Field(0.0, ge=0, le=1, description="Trial-level: at most this fraction of requests "
+                                       "may fail, time out or be left unfinished (0: none may).")
 
 
 class Trial(Strict):
@@ -351,6 +454,10 @@ class Trial(Strict):
     skip_reason: str | None = Field(None, description="Why this trial cannot run here; it is stored as skipped.")
     baseline: str | None = Field(None, description="Name of the trial this one is compared against.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free labels (knob, recipe, ...).")
+    repeats: int = Field(1, ge=1, le=50, description="Launches of this trial, interleaved with its chapter's other "
+                         "trials; the spread between launches goes into every interval. Not part of the key.")
+    max_repeats: int | None = Field(None, ge=2, le=50, description="repeats: auto: more launches while this trial "
+                                    "and the other leader cannot be told apart, up to this many.")
 
     @property
     def key(self) -> str:

@@ -21,7 +21,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from qwen3lab.hardware import planner
+from qwen3lab.hardware import memory, roofline
 from qwen3lab.hardware.catalogue import GiB, match_gpu, probe_gpus, save_profile
 from qwen3lab.models import ModelInfo, model_info
 
@@ -321,10 +321,10 @@ def predict_decode(info: ModelInfo, batch: int, context: int, limits: dict, kern
     B: as A, but the linear layers at the GEMV microbenchmark's bandwidth plus its per-GEMV overhead, and
        the kernel floor only for the kernels that are not those layers."""
     rate = limits["matmul_bf16_tflops"] * 1e12
-    lim = planner.Limits(limits["copy_bandwidth_gbs"], limits["matmul_bf16_tflops"], limits["matmul_bf16_tflops"],
+    lim = roofline.Limits(limits["copy_bandwidth_gbs"], limits["matmul_bf16_tflops"], limits["matmul_bf16_tflops"],
                          "measured here")
-    ops = planner.decode_ops(info, batch, context)
-    r = planner.roofline(ops, lim)
+    ops = roofline.decode_ops(info, batch, context)
+    r = roofline.roofline(ops, lim)
     floor_s = limits["kernel_floor_us"] * 1e-6
     n_kernels = kernels or 0
     linear = [op for op in ops if op.name in LINEAR_OPS]
@@ -359,7 +359,7 @@ def calibrate(model: str = "builtin:qwen3-14b", batch_sizes=BATCH_SIZES, context
         f"GEMV {limits['gemv_bandwidth_gbs']:.0f} GB/s + {limits['gemv_overhead_us']:.2f} us, "
         f"BF16 {limits['matmul_bf16_tflops']:.0f} TFLOP/s, FP8 {limits['matmul_fp8_tflops'] or 0:.0f} TFLOP/s, "
         f"kernel floor {limits['kernel_floor_us']:.2f} us")
-    need = max(batch_sizes) * context * planner.kv_bytes_per_token(info) + planner.weight_bytes(info).total
+    need = max(batch_sizes) * context * memory.kv_bytes_per_token(info) + memory.weight_bytes(info).total
     if need > 0.9 * free:
         from qwen3lab.errors import Qwen3LabError
 

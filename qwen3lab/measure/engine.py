@@ -141,18 +141,61 @@ def _auth_headers(config: EngineConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def exec_argv(config: EngineConfig, port: int, build: Build, host: str = "127.0.0.1") -> list[str]:
-    """The argv actually executed: numactl prefix, the build's python, vLLM's entry point, flags."""
-    model = resolve_model_path(config.model)
+def host_gpu_total_bytes(config: EngineConfig) -> int:
+    """CUDA's total memory of the GPU this server gets (the first of CUDA_VISIBLE_DEVICES): the catalogue's
+    measured CUDA total when the card is catalogued (what vLLM's utilization is a fraction of), else NVML's."""
+    from qwen3lab.hardware.catalogue import get_gpu, probe_gpus
+
+    gpus, why = probe_gpus()
+    visible = (config.env.get("CUDA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")
+    index = int(visible[0]) if visible[0].strip().isdigit() else 0
+    gpu = next((g for g in gpus if g["index"] == index), None)
+    if gpu is None:
+        raise EngineError("failed", f"engine.emulate = {config.emulate} needs a GPU to emulate on: {why or 'GPU ' + str(index) + ' not seen'}. "
+                          "Fix: run on a GPU host, or drop emulate")
+    if gpu.get("catalogue_id") and get_gpu(gpu["catalogue_id"]).cuda_total_gib:
+        return get_gpu(gpu["catalogue_id"]).memory_total_bytes
+    return int(gpu["memory_total_mib"] * 2**20)
+
+
+def emulation(config: EngineConfig, host_total_bytes: int | None = None) -> dict | None:
+    """How `emulate` caps this launch (None without it): the target, the host's total, and the
+    --gpu-memory-utilization that gives vLLM the target's budget."""
+    if config.kind != "vllm" or not config.emulate:
+        return None
+    from qwen3lab.hardware import memory
+
+    from qwen3lab.hardware.catalogue import get_gpu
+
+    host = host_total_bytes or host_gpu_total_bytes(config)
+    util = memory.emulated_utilization(config.emulate, config.gpu_memory_utilization, host)
+    # vLLM picks its batch defaults from the card it sees: pin the target's, so the profile run (and with it
+    # the KV budget) and the scheduler are the target's.
+    target = get_gpu(config.emulate)
+    seqs, tokens = memory.serve_batch_defaults(target.memory_total_bytes, target.name)
+    return {"target": target.id, "host_total_bytes": host, "gpu_memory_utilization": util,
+            "target_gpu_memory_utilization": config.gpu_memory_utilization or memory.GPU_MEMORY_UTILIZATION,
+            "max_num_seqs": config.max_num_seqs or seqs, "max_num_batched_tokens": config.max_num_batched_tokens or tokens}
+
+
+def exec_argv(config: EngineConfig, port: int, build: Build, host: str = "127.0.0.1",
+              emulated: dict | None = None) -> list[str]:
+    """The argv actually executed: numactl prefix, the build's python, vLLM's entry point, flags; under
+    `emulated` (see `emulation`) the utilization that caps memory to the target card's budget."""
+    if emulated:
+        config = config.model_copy(update={k: emulated[k] for k in
+                                           ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")})
+    model = resolve_model_path(config.model, config.load_format)
     flags = config.serve_flags()
-    if config.tokenizer is None and (tok := default_tokenizer(config.model)):
+    if config.tokenizer is None and (tok := default_tokenizer(config.model, config.load_format)):
         flags = ["--tokenizer", tok, *flags]
     return [*config.numactl_prefix(), *build.launch_prefix(model), *flags, "--host", host, "--port", str(port)]
 
 
 def server_env_defaults(config: EngineConfig) -> dict[str, str]:
     """Variables qwen3lab gives a server unless the environment already has them (exports write them out)."""
-    if config.model.startswith(BUILTIN_PREFIX) and default_tokenizer(config.model) is None:
+    if (config.model.startswith(BUILTIN_PREFIX) or config.load_format == "dummy") \
+            and default_tokenizer(config.model, config.load_format) is None:
         return {"HF_HUB_OFFLINE": "1"}  # everything is local: never wait on a hub that is not there
     return {}
 
@@ -345,7 +388,8 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
         raise EngineError("failed", f"no vLLM in {build.python}. Fix: pip install 'qwen3lab[cpu]' (CPU) or "
                           "'qwen3lab[gpu]' (GPU) there, or point engine.python at a build that has it")
     port = port or free_port()
-    argv = exec_argv(config, port, build)
+    emulated = emulation(config)
+    argv = exec_argv(config, port, build, emulated=emulated)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -357,9 +401,10 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
         except FileNotFoundError as exc:
             raise EngineError("failed", f"cannot execute {argv[0]!r}: {exc}. Fix: install numactl or the build",
                               str(log_path)) from exc
-    server = Server(base_url=f"http://127.0.0.1:{port}", model_name=config.served_model_name or resolve_model_path(config.model),
+    server = Server(base_url=f"http://127.0.0.1:{port}", model_name=config.served_model_name or resolve_model_path(config.model, config.load_format),
                     launch_command=shell_command(shell_launch(config, build)), exec_argv=argv, log_path=log_path, process=proc,
-                    port=port, build=build, headers=_auth_headers(config))
+                    port=port, build=build, info={"emulation": emulated} if emulated else {},
+                    headers=_auth_headers(config))
     _LIVE.add(server)
     try:
         _wait_ready(server, ready_timeout_s)
@@ -393,7 +438,7 @@ def connect(config: EndpointConfig, ready_timeout_s: float = 60.0) -> Iterator[S
 
 
 def open_engine(config: EngineConfig | EndpointConfig, log_path: str | os.PathLike, ready_timeout_s: float = 900.0):
-    """The registry by `kind`: a launched vLLM or a measured endpoint."""
+    """The registry by `kind`: a launched vLLM or a measured endpoint (a split topology: topology.open_engine)."""
     if config.kind == "endpoint":
         return connect(config)
     return launch(config, log_path, ready_timeout_s)

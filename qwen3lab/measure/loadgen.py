@@ -25,6 +25,7 @@ from qwen3lab.experiment.spec import Workload
 from qwen3lab.measure.workload import Request, arrival_offsets
 
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')  # tested one by one: no generator per token
+_ROUTE = b"x-qwen3lab-route:"  # qwen3lab.measure.router.ROUTE_HEADER, as the header line starts
 
 
 @dataclass
@@ -43,6 +44,7 @@ class RequestRecord:
     output_tokens: int | None = None
     status: int | None = None
     error: str | None = None
+    route: str | None = None  # the server that answered, behind `qwen3lab router` (its x-qwen3lab-route header)
 
     @property
     def ok(self) -> bool:
@@ -53,7 +55,7 @@ class RequestRecord:
 class LoadResult:
     records: list[RequestRecord]
     started_at: float  # wall clock (time.time) when the measured load began
-    duration_s: float  # first measured send to last measured completion
+    duration_s: float  # first measured send to the end of the load, failures included (vllm bench's duration)
     client_cpu_s: float  # CPU seconds this process spent during the measured load
     t0_perf: float  # time.perf_counter() when the measured load began: the origin of every `sent_at`
     loop_lag_s: list[float] = field(default_factory=list)  # how late each LAG_PROBE_S wake-up of the loop came
@@ -142,6 +144,7 @@ class _StreamProtocol(asyncio.Protocol):
         self.need = 0  # bytes left in the current HTTP chunk
         self.sse = b""  # de-chunked bytes not yet cut into events
         self.body = b""  # kept only for error responses
+        self.route: str | None = None
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
@@ -154,6 +157,7 @@ class _StreamProtocol(asyncio.Protocol):
             lines = head.split(b"\r\n")
             self.status = int(lines[0].split(b" ", 2)[1])
             self.chunked = any(h.lower().startswith(b"transfer-encoding:") and b"chunked" in h.lower() for h in lines[1:])
+            self.route = next((h[len(_ROUTE):].strip().decode() for h in lines[1:] if h.lower().startswith(_ROUTE)), None)
         if self.status != 200:
             self.body += data
             return
@@ -228,7 +232,7 @@ async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: Req
                                    server_hostname=host if ssl_ctx else None), timeout=timeout_s)
         transport.write(head + body)
         exc = await asyncio.wait_for(proto.done, timeout=max(0.001, timeout_s - (time.perf_counter() - st)))
-        rec.status = proto.status
+        rec.status, rec.route = proto.status, proto.route
         if proto.status is None:
             rec.error = f"connection closed before a response ({exc or 'no error'})"
         elif proto.status != 200:
@@ -349,6 +353,6 @@ async def run_load(
         for task in tasks + [probe]:
             task.cancel()
         gc.unfreeze()
-    ends = [r.sent_at + r.e2el for r in records if not r.warmup and r.e2el is not None]
-    duration = (max(ends) if ends else time.perf_counter() - t0)
+    # vllm bench's duration: to the end of the load, so a request that failed or timed out still takes its time
+    duration = time.perf_counter() - t0
     return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags)

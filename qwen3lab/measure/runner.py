@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3lab import __version__
-from qwen3lab.measure import engine, workload as wl
+from qwen3lab.measure import engine, topology, workload as wl
 from qwen3lab.hardware import catalogue as hardware
-from qwen3lab.analysis import metrics
+from qwen3lab.analysis import comparable, metrics, validity
 from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
@@ -56,12 +56,23 @@ def git_commit(path: str | None) -> str | None:
                              text=True, timeout=10)
         sha = got.stdout.strip()
         if got.returncode != 0 or not sha:
-            return None
+            return _archived_commit()
         dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--", str(Path(path).resolve())],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _archived_commit() -> str | None:
+    """Outside a git checkout (a kit's `git archive` copy): the commit written beside the package, as
+    `archive:SHA` (the experiment file's own state is then unknown)."""
+    stamp = Path(__file__).resolve().parents[2] / "COMMIT"
+    try:
+        sha = stamp.read_text().strip()
+    except OSError:
+        return None
+    return f"archive:{sha}" if sha else None
 
 
 class _Flusher:
@@ -195,7 +206,7 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
         baseline=trial.baseline, engine_kind=cfg.kind, model=cfg.model,
         config_json=cfg.model_dump(mode="json", exclude={"api_key"}), config_hash=cfg.config_hash(),
         workload_json=trial.workload.model_dump(mode="json"), slo_json=trial.slo.model_dump(mode="json"),
-        tags_json=trial.tags, launch_command=engine.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
+        tags_json=trial.tags, launch_command=topology.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
         env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
         host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
     )
@@ -246,13 +257,15 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
     store_errors: list[str | None] = []
     flusher = _Flusher(store, spool, run_id, progress)
     try:
-        with engine.open_engine(trial.engine, log_path, ready_timeout_s) as server, flusher:
+        with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server, flusher:
             build = server.build
             extra |= {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
                       or (build.vllm_version if build else None),
                       "torch_version": build.torch_version if build else None,
                       "python_executable": build.python if build else None,
                       "vllm_kv_tokens": server.info.get("kv_cache_tokens")}
+            if server.info.get("emulation"):  # the utilization that capped memory to the target card's budget
+                fields["info_json"] = extra["info_json"] = {**fields["info_json"], "emulation": server.info["emulation"]}
             store_errors.append(_try_store(store.update_run, run_id, **hide(extra)))
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
@@ -277,11 +290,20 @@ def _measure_trial(trial: Trial, store: Store, run_id: str, log_path: Path, spoo
                 summary |= {"client_loop_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))],
                             "client_loop_lag_max_ms": lag_ms[-1]}
             summary |= sampler.summary() if sampler.samples else {}
+            if isinstance(server, topology.SplitServer) and server.alive():  # the router's own cost, paired
+                summary |= topology.added_latency(server, requests, trial.workload)
             samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
             samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
             spool.add_samples(samples)
             store_errors.append(_try_store(store.add_samples, run_id, samples))
             extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
+            measured = [r for r in result.records if not r.warmup]
+            planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
+            check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
+                                    client_cpu_s, [r.sent_at for r in measured], planned,
+                                    ramp=trial.workload.concurrency or 0)
+            extra |= {"validity": validity.label(check), "checks_json": check,
+                      "comparability_key": comparable.comparability_key({**fields, **extra})}
             if not server.alive():
                 status, reason = server.death()
             elif summary["completed"] == 0:
@@ -315,10 +337,12 @@ def _summary(store: Store, run_id: str, flusher: _Flusher, result: LoadResult, t
     records in memory (what the spool holds), so a full disk or a held file does not turn a run into a failure."""
     if flusher.store_error is None:
         try:
-            return metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo)
+            return metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo,
+                                          opening_burst(trial.workload))
         except Exception:  # noqa: BLE001 - DuckDB refused the read: fall back to the records below
             flusher.store_error = flusher.store_error or "reading the run's rows back failed"
-    return metrics.summarize(metrics.RequestTable.from_records(result.records), result.duration_s, trial.slo)
+    return metrics.summarize(metrics.RequestTable.from_records(result.records), result.duration_s, trial.slo,
+                             opening_burst(trial.workload))
 
 
 def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: list[str], log) -> str | None:
@@ -338,6 +362,12 @@ def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: 
             "stored by the next qwen3lab start")
     log(note)
     return f"{final['reason']}; {note}" if final["reason"] else note
+
+
+def opening_burst(workload) -> int:
+    """Requests a closed loop sends at once on an idle server when the measured phase opens: its concurrency
+    (an open loop, `request_rate`, ramps in by its arrivals and has none)."""
+    return 0 if workload.request_rate else int(workload.concurrency or 0)
 
 
 def _first_error(records: list[RequestRecord]) -> str:

@@ -66,8 +66,8 @@ class PromptTokenizer:
                                 f"download it first or point engine.tokenizer at a local copy ({exc})") from exc
         self.fingerprint = hashlib.sha256(self._tok.to_str().encode()).hexdigest()[:16]
 
-    def count(self, text: str) -> int:
-        return len(self._tok.encode(text, add_special_tokens=False).ids)
+    def count(self, text: str, add_special_tokens: bool = False) -> int:
+        return len(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     @property
     def words(self) -> list[str]:
@@ -94,7 +94,8 @@ def tokenizer_source(engine) -> str:
     if engine.tokenizer:
         return engine.tokenizer
     if engine.kind == "vllm":
-        return default_tokenizer(engine.model) or resolve_model_path(engine.model)
+        return (default_tokenizer(engine.model, engine.load_format)
+                or resolve_model_path(engine.model, engine.load_format))
     return engine.model
 
 

@@ -12,12 +12,13 @@ each chapter's own analysis (analysis.py: backend table, hit rate, soak windows,
 (report.py); `from qwen3lab import workbook` gives the notebooks all of it under one name.
 """
 from qwen3lab.workbook.analysis import (backend_table, drift, environment, environment_tables, long_context_memory,
-                                        prefix_hit_rates, soak_events, soak_windows, thinking_table, what_fits)
+                                        prefix_hit_rates, router_cost, routing_table, soak_events, soak_windows,
+                                        thinking_table, what_fits)
 from qwen3lab.workbook.chapter import (CHAPTER_NOTEBOOK, NOTEBOOKS, RUN_COLUMNS, ChapterRun, chdir_repo, notebook_for,
                                        open_chapter, say, setup_plotly, small_run)
 from qwen3lab.workbook.report import Report, report
 
 __all__ = ["CHAPTER_NOTEBOOK", "NOTEBOOKS", "RUN_COLUMNS", "ChapterRun", "Report", "backend_table", "chdir_repo",
            "drift", "environment", "environment_tables", "long_context_memory", "notebook_for", "open_chapter",
-           "prefix_hit_rates", "report", "say", "setup_plotly", "small_run", "soak_events", "soak_windows",
+           "prefix_hit_rates", "report", "router_cost", "routing_table", "say", "setup_plotly", "small_run", "soak_events", "soak_windows",
            "thinking_table", "what_fits"]

@@ -1,5 +1,5 @@
 """What each chapter's notebook computes beyond the runs table: the machine and build (00), what fits (00), the
-backend table (20), prefix-cache hit rates (50), KV memory per context (80), thinking mode (85), soak windows
+backend table (20), prefix-cache hit rates (50), KV memory per context (80), routing per class and the router's cost (82), thinking mode (85), soak windows
 and events (90). Rules come from pre-flight and the planner, figures from metrics: nothing here is written twice.
 """
 from __future__ import annotations
@@ -150,7 +150,7 @@ def long_context_memory(runs: pd.DataFrame) -> pd.DataFrame:
     """What each context window costs: KV bytes per token and per full sequence, and the KV capacity vLLM
     reported (how many full-length sequences fit at once)."""
     from qwen3lab.experiment.spec import EngineConfig
-    from qwen3lab.hardware import planner
+    from qwen3lab.hardware import memory
     from qwen3lab.models import model_info
 
     rows = []
@@ -159,7 +159,7 @@ def long_context_memory(runs: pd.DataFrame) -> pd.DataFrame:
         info = model_info(cfg.get("model", ""))
         mml = cfg.get("max_model_len") or (info.max_position_embeddings if info else None)
         # The planner's rule (the model's dtype, or --dtype, unless the KV cache is FP8).
-        per_token = planner.kv_bytes_per_token(planner.with_engine_dtype(info, EngineConfig.model_validate(cfg)),
+        per_token = memory.kv_bytes_per_token(memory.with_engine_dtype(info, EngineConfig.model_validate(cfg)),
                                                cfg.get("kv_cache_dtype")) if info else None
         kv_tokens = row.get("vllm_kv_tokens")
         rows.append({"trial": row["trial"], "max_model_len": mml,
@@ -237,3 +237,40 @@ def soak_events(store: Store, chapter: ChapterRun) -> pd.DataFrame:
                      "failed": int(counts.get("failed", 0)) + int(counts.get("timeout", 0)),
                      "interrupted": int(counts.get("interrupted", 0)), "restarts": max(len(g) - 1, 0)})
     return pd.DataFrame(rows)
+
+
+# --- 82 routing -------------------------------------------------------------------------------------------
+def routing_table(runs: pd.DataFrame, requests: pd.DataFrame, slo=None) -> pd.DataFrame:
+    """Per trial and request class: which server answered, TTFT and TPOT percentiles and goodput (the class's
+    good requests over the whole run's duration), from the stored rows through metrics.summarize."""
+    from qwen3lab.experiment.spec import SLO
+
+    rows = []
+    for run in runs.to_dict("records"):
+        mine = requests[requests.run_id == run["run_id"]] if not requests.empty else requests
+        if mine.empty:
+            continue
+        table = metrics.request_table(mine)
+        run_slo = slo or SLO.model_validate(json.loads(run["slo_json"]) if isinstance(run.get("slo_json"), str) else {})
+        routes = mine.route if "route" in mine else pd.Series([None] * len(mine), index=mine.index)
+        for cls in sorted(set(mine.request_class)):
+            s = metrics.summarize(table.where_class(cls), run.get("duration") or 0.0, run_slo)
+            served = routes[mine.request_class == cls].fillna("one server").value_counts(normalize=True)
+            rows.append({"trial": run["trial"], "class": cls, "requests": s["completed"] + s["failed"],
+                         "failed": s["failed"], "served by": ", ".join(f"{k} {v:.0%}" for k, v in served.items()),
+                         "median TTFT ms": s["median_ttft_ms"], "p95 TTFT ms": s["p95_ttft_ms"],
+                         "median TPOT ms": s["median_tpot_ms"], "p95 TPOT ms": s["p95_tpot_ms"],
+                         "goodput req/s": s.get("request_goodput")})
+    return pd.DataFrame(rows)
+
+
+def router_cost(runs: pd.DataFrame) -> pd.DataFrame:
+    """The router's own added TTFT per split run: the same requests sent straight and through it, in pairs."""
+    rows = []
+    for run in runs.to_dict("records"):
+        summary = json.loads(run["summary_json"]) if isinstance(run.get("summary_json"), str) else {}
+        if "router_added_ttft_pairs" in summary:
+            rows.append({"trial": run["trial"], "pairs": summary["router_added_ttft_pairs"],
+                         "mean added TTFT ms": summary["router_added_ttft_mean_ms"],
+                         "median added TTFT ms": summary["router_added_ttft_median_ms"]})
+    return pd.DataFrame(rows, columns=["trial", "pairs", "mean added TTFT ms", "median added TTFT ms"])

@@ -28,12 +28,13 @@ NOTEBOOKS: dict[str, str | None] = {
     "60_attention_and_builds": "attention_and_builds",
     "70_numa": "numa",
     "80_long_context": "long_context",
+    "82_routing": "routing",
     "85_thinking_mode": "thinking_mode",
     "90_soak": "soak",
     "99_report": None,
 }
 CHAPTER_NOTEBOOK = {chapter: stem for stem, chapter in NOTEBOOKS.items() if chapter}
-RUN_COLUMNS = ["chapter", "trial", "status", "reason", "output_throughput", "request_throughput", "median_ttft_ms",
+RUN_COLUMNS = ["chapter", "trial", "status", "reason", "validity", "output_throughput", "request_throughput", "median_ttft_ms",
                "p95_ttft_ms", "median_tpot_ms", "p99_e2el_ms", "request_goodput", "completed", "failed",
                "vllm_kv_tokens", "vllm_version", "launch_command", "run_id", "notebook_path"]
 

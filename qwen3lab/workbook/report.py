@@ -20,35 +20,45 @@ from qwen3lab.workbook.chapter import RUN_COLUMNS, setup_plotly
 class Report:
     experiment: xp.Experiment
     store: Store
-    runs: pd.DataFrame  # newest run per (chapter, trial)
-    winner: Any
+    runs: pd.DataFrame  # the current run of each (chapter, trial)
+    winners: list  # compare.Verdict, one per group of comparable runs
     claims: pd.DataFrame
+
+    @property
+    def winner(self) -> Any:
+        """The winner of the first comparable group (most reports have one group per workload)."""
+        return self.winners[0].winner if self.winners else None
 
     def table(self) -> pd.DataFrame:
         cols = [c for c in RUN_COLUMNS if c in self.runs]
         return self.runs[cols] if not self.runs.empty else self.runs
 
     def ranking(self) -> pd.DataFrame:
-        return self.winner.ranking if self.winner is not None else pd.DataFrame()
+        """Each comparable group's ranking, one after the other, the group's chapters in the first column."""
+        parts = [v.winner.ranking.assign(group=", ".join(v.chapters)) for v in self.winners if not v.winner.ranking.empty]
+        if not parts:
+            return pd.DataFrame()
+        df = pd.concat(parts, ignore_index=True)
+        return df[["group", *[c for c in df if c != "group"]]]
 
     def verdict(self):
         from IPython.display import Markdown
 
-        w = self.winner
         if self.runs.empty:
             return Markdown("No runs of this experiment in this database yet: run the chapters first.")
-        slo = wording.slo_text(SLO(**self.experiment.slo))
-        if w is None or w.winner is None:
-            return Markdown(f"**No winner** under the SLOs ({slo}). No ok run meets every one: relax them, "
-                            "measure other configurations, or look at the ranking below.")
-        row = self.runs[self.runs.run_id == w.winner.run_id].iloc[0]
-        margin = f" Margin over `{w.runner_up.label}`: {wording.margin_text(w)} goodput." if w.runner_up else ""
-        return Markdown(f"**Winner under the SLOs** ({slo}): `{w.winner.label}`.{margin} {wording.verdict_text(w)}"
-                        f"\n\nLaunch command:\n\n```\n{row.launch_command}\n```")
+        if not self.winners:
+            return Markdown("No ok run of this experiment has stored requests to rank.")
+        lines = [f"**Under the SLOs** ({wording.slo_text(SLO(**self.experiment.slo))}), only runs of one workload, tokenizer, "
+                 "machine and vLLM build are ranked together:"]
+        for v in self.winners:
+            lines.append(f"- {wording.winner_line(v)}")
+            if v.winner.winner is not None and v.winner.winner.row.get("launch_command"):
+                lines.append(f"\n  ```\n  {v.winner.winner.row['launch_command']}\n  ```")
+        return Markdown("\n".join(lines))
 
 
 def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report:
-    """All trials of an experiment side by side, the winner under its SLOs, and each knob's effect."""
+    """All trials of an experiment side by side, the winner of each comparable group, and each knob's effect."""
     from qwen3lab.analysis import compare
 
     setup_plotly()
@@ -61,8 +71,7 @@ def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report
         order = {c: i for i, c in enumerate(exp.all_chapters())}
         runs = runs.sort_values(["chapter", "trial"], key=lambda s: s.map(order) if s.name == "chapter" else s)
         runs = runs.reset_index(drop=True)
-    ok_ids = list(runs[runs.status.isin(selection.MEASURED)].run_id) if not runs.empty else []
-    data = compare.load_runs(store, ok_ids) if ok_ids else []
-    winner = compare.pick_winner(data, slo, n_boot=n_boot) if data else None
-    claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok_ids else pd.DataFrame()
-    return Report(exp, store, runs, winner, claims)
+    ok = not runs.empty and runs.status.isin(selection.MEASURED).any()
+    winners = compare.winners(store, exp.name, slo, n_boot=n_boot) if ok else []
+    claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok else pd.DataFrame()
+    return Report(exp, store, runs, winners, claims)

@@ -1,0 +1,80 @@
+"""Which runs may be set against each other: the comparability key.
+
+Two runs are compared, ranked or pooled only when they sent the same requests (the requests digest: lengths,
+prompts, arrival schedule), tokenized the same way (tokenizer fingerprint), on the same kind of machine (CPU
+model and GPUs) and with the same vLLM build (vLLM and torch versions). Everything else (the engine flags)
+is what is being compared. A field nobody recorded (an imported result) reads "unknown": it matches
+"unknown", and the key says so.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+
+from qwen3lab.errors import Qwen3LabError
+
+# field of the key -> run columns it is made of
+FIELDS: dict[str, tuple[str, ...]] = {
+    "workload": ("requests_digest",),
+    "tokenizer": ("tokenizer_fingerprint",),
+    "machine": ("cpu", "gpu"),
+    "build": ("vllm_version", "torch_version"),
+}
+UNKNOWN = "unknown"
+
+
+class NotComparable(Qwen3LabError):
+    """Runs of different workloads, tokenizers, machines or builds were asked to be compared."""
+
+
+def _text(v) -> str | None:
+    if v is None or (isinstance(v, float) and v != v):  # NaN from a DataFrame
+        return None
+    return str(v)
+
+
+def key_fields(row: Mapping) -> dict[str, str]:
+    """The key's fields of one run row, each as text ('unknown' when not recorded)."""
+    out = {}
+    for name, cols in FIELDS.items():
+        parts = [_text(row.get(c)) for c in cols]
+        out[name] = UNKNOWN if all(p is None for p in parts) else " / ".join(p or "?" for p in parts)
+    return out
+
+
+def comparability_key(row: Mapping) -> str:
+    """A short digest of the key's fields: equal keys, comparable runs."""
+    blob = json.dumps(key_fields(row), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def differences(a: Mapping, b: Mapping) -> list[str]:
+    """'workload: 3f2a.. vs 91bc..' for each field of the key in which two runs differ."""
+    fa, fb = key_fields(a), key_fields(b)
+    return [f"{k}: {fa[k]} vs {fb[k]}" for k in FIELDS if fa[k] != fb[k]]
+
+
+def check(rows: Iterable[Mapping], labels: Iterable[str] | None = None) -> str:
+    """The one key of `rows`; raises NotComparable naming each differing field and the runs it parts."""
+    rows = list(rows)
+    labels = list(labels) if labels is not None else [str(r.get("run_id")) for r in rows]
+    if not rows:
+        return ""
+    first = rows[0]
+    problems = [f"{labels[0]} and {lab} differ in " + "; ".join(d)
+                for r, lab in zip(rows[1:], labels[1:]) if (d := differences(first, r))]
+    if problems:
+        raise NotComparable(
+            "these runs cannot be set against each other: " + " | ".join(problems[:5])
+            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+            + ". Compare runs of one workload, tokenizer, machine and vLLM build: pick one chapter "
+              "(--chapter), or runs that share the comparability key (`qwen3lab runs --json` lists it).")
+    return comparability_key(first)
+
+
+def describe(row: Mapping) -> str:
+    """The key and its fields in one line, for the winner line and the report."""
+    f = key_fields(row)
+    short = {k: (v[:12] if k in ("workload", "tokenizer") and v != UNKNOWN else v) for k, v in f.items()}
+    return f"{comparability_key(row)} (" + ", ".join(f"{k} {v}" for k, v in short.items()) + ")"

@@ -1,0 +1,137 @@
+"""The worker half of the Ray executor: one trial run on a cluster node, its writes relayed to the driver.
+
+The per-trial function (runner.run_trial) runs unchanged on the node; the store it is given is a Relay that
+turns each write into an event. Events are appended to a spool file on the node first, then handed to the
+driver in batches by a streaming generator task; the driver replays them into DuckDB (only the driver writes
+DuckDB) and deletes the spool once the run's last event is stored. A driver that dies leaves the spool on the
+node, so what was measured is still there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from qwen3lab.store import REQUEST_COLUMNS, new_run_id, now, record_row
+
+BATCH_S = 2.0  # how often a running trial hands its rows to the driver
+SPOOL_NAME = "spool.jsonl"
+
+
+class Relay:
+    """The write half of store.Store, run on the node: every call becomes an event the driver replays."""
+
+    def __init__(self, runs_dir: Path, overrides: dict[str, Any], node: dict[str, Any]):
+        self.runs_dir, self.overrides, self.node = runs_dir, overrides, node
+        self.events: list[tuple] = []
+        self.rows: dict[str, list[dict]] = {}  # what this node relayed, for run_trial's end-of-run summary
+        self.lock = threading.Lock()
+        self.spool: Path | None = None
+
+    def _emit(self, *event) -> None:
+        with self.lock:
+            self.events.append(event)
+            if self.spool:
+                with open(self.spool, "a") as f:
+                    f.write(json.dumps(event, default=str) + "\n")
+
+    def take(self) -> list[tuple]:
+        with self.lock:
+            batch, self.events = self.events, []
+        return batch
+
+    def begin_run(self, **fields: Any) -> str:
+        run_id = fields.pop("run_id", None) or new_run_id()
+        fields.setdefault("started_at", now())
+        fields |= self.overrides  # what only the driver knows (the experiment file's git commit)
+        fields = self._with_node({"info_json": {}, **fields})
+        self.spool = self.runs_dir / run_id / SPOOL_NAME
+        self.spool.parent.mkdir(parents=True, exist_ok=True)
+        self._emit("begin_run", run_id, fields)
+        return run_id
+
+    def _with_node(self, fields: dict) -> dict:
+        if "info_json" in fields:  # a later write of info replaces the column: the node stays in it
+            fields["info_json"] = {**fields["info_json"], "ray": self.node}
+        return fields
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        self._emit("update_run", run_id, self._with_node(fields))
+
+    def finish_run(self, run_id: str, status: str, reason: str | None = None, summary: dict | None = None,
+                   **fields: Any) -> None:
+        self._emit("finish_run", run_id, {"status": status, "reason": reason, "summary": summary,
+                                          "ended_at": now(), **self._with_node(fields)})
+
+    def add_requests(self, run_id: str, records) -> None:
+        rows = [r if isinstance(r, dict) else record_row(r) for r in records]
+        self.rows.setdefault(run_id, []).extend(rows)
+        self._emit("add_requests", run_id, rows)
+
+    def requests(self, run_ids, measured_only: bool = True, with_chunks: bool = True):
+        """The rows relayed so far, as store.Store.requests returns them (the summary is computed from them)."""
+        import pandas as pd
+
+        rows = [{**r, "run_id": run_id} for run_id in run_ids for r in self.rows.get(run_id, [])
+                if not (measured_only and r["warmup"])]
+        df = pd.DataFrame(sorted(rows, key=lambda r: (r["run_id"], r["idx"])), columns=list(REQUEST_COLUMNS))
+        return df if with_chunks else df.drop(columns=["chunk_times"])
+
+    def add_samples(self, run_id: str, samples) -> None:
+        self._emit("add_samples", run_id, [tuple(s) for s in samples])
+
+
+def node_identity() -> dict[str, Any]:
+    """Which Ray node this is: stored with the run beside the host, CPU, GPU and vLLM build it probed."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    accel = [k.split(":", 1)[1] for k in ray.available_resources() if k.startswith("accelerator_type:")]
+    return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "worker_pid": os.getpid(),
+            "accelerator_type": accel[0] if accel else None, "gpu_ids": ctx.get_accelerator_ids().get("GPU", [])}
+
+
+def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, overrides: dict, gpu_id: str | None,
+                 attempt: int, omp_num_threads: str | None):
+    """Run one trial here and yield its store events in batches; the last batch ends with ('result', ...)."""
+    from qwen3lab.experiment import preflight
+    from qwen3lab.experiment.spec import Trial
+    from qwen3lab.measure import runner
+
+    # Ray sets OMP_NUM_THREADS to the task's CPUs (1); the server reserved the slot, not one core.
+    if omp_num_threads is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp_num_threads
+    trial = Trial.model_validate(trial_json)
+    relay = Relay(Path(runs_dir), overrides, {**node_identity(), "attempt": attempt})
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            result = runner.run_trial(trial, relay, runs_dir, experiment_path=experiment_path,
+                                      machine=preflight.Machine.local(), gpu_id=gpu_id, log=lambda *_: None)
+            outcome.update(status=result.status, reason=result.reason, run_id=result.run_id)
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver, which stores or reports it
+            outcome.update(status="error", reason=f"{type(exc).__name__}: {exc}")
+
+    # The trial runs in a thread that lives as long as its server (the server dies with that thread), while
+    # this generator hands batches over.
+    thread = threading.Thread(target=work, name="qwen3lab-trial", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(BATCH_S)
+        if batch := relay.take():
+            yield batch
+    yield relay.take() + [("result", outcome.get("run_id"), outcome)]
+
+
+def drop_spool(runs_dir: str, run_id: str) -> bool:
+    """Delete a run's spool on its node once the driver has stored every event of it."""
+    path = Path(runs_dir) / run_id / SPOOL_NAME
+    if path.exists():
+        path.unlink()
+        return True
+    return False

@@ -1,0 +1,305 @@
+"""The Ray executor on a real local multi-node Ray cluster (ray.cluster_utils.Cluster): a head without slots and
+two nodes with one `vllm_slot` each, running short cpu-tiny trials on real vLLM servers.
+
+Covers: the same rows as the local executor, provenance from the node, a node removed mid-trial (stored `lost`
+with its partial rows, retried on the other node), a driver stopped by SIGTERM (marked `interrupted`, resumed
+from DuckDB), and the pre-flight refusal of demands no node can meet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from qwen3lab.errors import SpecErrors
+from qwen3lab.store import Store
+
+from .conftest import REPO, tiny_config, vllm_processes as _descendants
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from qwen3lab.measure import executor, ray_executor  # noqa: E402
+
+ENGINE = ('{model: builtin:qwen3-tiny, load_format: dummy, max_model_len: 1024, enforce_eager: true, '
+          'env: {VLLM_CPU_KVCACHE_SPACE: "1"}}')
+
+
+def experiment(tmp_path, name: str, workload: str, chapters: str):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\ngpu: cpu\nengine: {ENGINE}\nworkload: {workload}\nchapters:\n"
+                    + textwrap.indent(textwrap.dedent(chapters), "  "))
+    return path
+
+
+# Fast health checks: a removed node is declared dead in about a second, not after 30 s. A patient wait for
+# the dashboard agent, which a loaded machine starts slowly (the raylet gives up on it after 15 s by default).
+HEAD = {"num_cpus": 1, "include_dashboard": False, "_system_config": {
+    "health_check_period_ms": 500, "health_check_failure_threshold": 3, "agent_register_timeout_ms": 120_000}}
+
+
+def start_node(c: Cluster, **args):
+    """Ray waits a fixed 30 s for a new raylet to register; on a loaded machine that can run out. One retry,
+    after ending by pid what the failed start left."""
+    for attempt in (1, 2):
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        try:
+            return c.add_node(**args)
+        except Exception:
+            if attempt == 2:
+                raise
+            for p in psutil.Process().children(recursive=True):
+                if p.pid not in before:
+                    p.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    start_node(c, **HEAD)
+    nodes = [start_node(c, num_cpus=1, resources={ray_executor.SLOT: 1}) for _ in range(2)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def on_ray(path, db, **kw):
+    """`qwen3lab run --executor ray` as a library call, on the fixture's cluster."""
+    return ray_executor.execute(executor.plan(path, for_written_gpu=True), Store(db), **kw)
+
+
+def vllm_processes() -> list:
+    """vLLM servers under this test process (raylets are excluded: their --resources name the vllm_slot)."""
+    return [p for p in _descendants() if "vllm.entrypoints" in " ".join(p.cmdline())]
+
+
+def runs_of(db) -> list[dict]:
+    df = Store(db).runs(with_json=True)
+    return [] if df.empty else sorted(df.to_dict("records"), key=lambda r: str(r["started_at"]))
+
+
+def wait_for_requests(db, timeout_s=600) -> dict:
+    """The first run row that has stored requests, once it has some (read while the driver writes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(db):
+            rows = runs_of(db)
+            counts = Store(db).request_counts([r["run_id"] for r in rows]) if rows else {}
+            for r in rows:
+                if counts.get(r["run_id"], 0) > 0:
+                    return r
+        time.sleep(0.5)
+    raise AssertionError("no requests were stored in time")
+
+
+def gone(pids, timeout_s=60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                              for p in pids):
+        time.sleep(0.5)
+    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_ray_rows_match_the_local_executor(cluster, tmp_path):
+    path = experiment(tmp_path, "ray-same", "{num_requests: 12, mix: fixed-128, concurrency: 4, seed: 0}", """
+        a:
+          trials: [{name: seqs-8, engine.max_num_seqs: 8}]
+        """)
+    local_db, ray_db = str(tmp_path / "local.duckdb"), str(tmp_path / "ray.duckdb")
+    local = executor.execute(executor.plan(path), Store(local_db), runs_dir=tmp_path / "runs-local")
+    remote = on_ray(path, ray_db, runs_dir=tmp_path / "runs-ray")
+    assert [r.status for r in local] == ["ok"]
+    assert [(r.trial.name, r.status) for r in remote] == [("seqs-8", "ok")]
+
+    here, there = Store(local_db), Store(ray_db)
+    a_local, a_ray = local[0].run_id, remote[0].run_id
+    left, right = here.requests([a_local], measured_only=False), there.requests([a_ray], measured_only=False)
+    assert list(left.columns) == list(right.columns) and list(left.dtypes) == list(right.dtypes)
+    assert len(left) == len(right) == 12 and list(left.status) == list(right.status)
+    assert list(left.prompt_tokens) == list(right.prompt_tokens)  # same seeded workload, same tokens
+    rl, rr = here.run(a_local), there.run(a_ray)
+    for key in ("trial_key", "config_hash", "requests_digest", "tokenizer_fingerprint", "status", "completed",
+                "vllm_version", "host", "cpu", "git_commit"):
+        assert rl[key] == rr[key], key
+    assert len(there.samples([a_ray])) > 0  # /metrics scrapes came back too
+    # Provenance from the node that ran it: one of the two slot nodes, never the head.
+    assert rr["info"]["ray"]["node_id"] in {n.node_id for n in cluster[1]}
+    assert rr["info"]["machine"]["host"] == rr["host"]
+    assert all(_spool_dropped_soon(tmp_path, r) for r in remote)  # stored, so the node let go of it
+    # Resume: nothing runs again.
+    again = on_ray(path, ray_db, runs_dir=tmp_path / "runs-ray")
+    assert [r.reason for r in again] == ["already measured (resumed)"]
+    assert vllm_processes() == []
+
+
+def _spool_dropped_soon(tmp_path, result) -> bool:
+    spool = tmp_path / "runs-ray" / result.run_id / "spool.jsonl"
+    deadline = time.monotonic() + 30
+    while spool.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not spool.exists()
+
+
+def test_cluster_preflight_refuses_what_no_node_has(cluster, tmp_path):
+    path = tmp_path / "h200.yaml"
+    path.write_text(f"name: ray-h200\ngpu: h200\nengine: {ENGINE}\nworkload: {{num_requests: 4}}\n"
+                    "chapters:\n  main:\n    trials: [{name: tp2, engine.tensor_parallel_size: 2}]\n")
+    db = tmp_path / "never.duckdb"
+    with pytest.raises(SpecErrors) as caught:
+        on_ray(path, str(db), runs_dir=tmp_path / "runs")
+    message = str(caught.value)
+    assert "gpu = 'h200'" in message and "GPU types on this cluster: none" in message and "main/tp2" in message
+    assert not db.exists()  # refused before anything ran or was stored
+
+
+def test_cluster_errors_name_field_value_and_what_the_cluster_has():
+    from qwen3lab.experiment.spec import Trial, Workload
+
+    def trial(tp):
+        return Trial(experiment="x", name=f"tp{tp}", engine={"kind": "vllm", "model": "builtin:qwen3-tiny", "tensor_parallel_size": tp},
+                     workload=Workload(num_requests=1))
+
+    h200 = {"Alive": True, "Resources": {"CPU": 32, "GPU": 2, "accelerator_type:H200": 1}}
+    dead = {"Alive": False, "Resources": {"CPU": 32, "GPU": 8, "accelerator_type:H200": 1}}
+    assert ray_executor.cluster_errors([trial(2)], "h200", [h200]) == []
+    (err,) = ray_executor.cluster_errors([trial(4)], "h200", [h200, dead])
+    assert err.field == "engine.tensor_parallel_size" and err.value == 4 and "at most 2 GPUs" in err.allowed
+    (err,) = ray_executor.cluster_errors([trial(1), trial(1)], "a100-80g", [h200])
+    assert err.field == "gpu" and "H200" in err.allowed and "and 1 more" in err.where
+    (err,) = ray_executor.cluster_errors([trial(1)], "cpu", [h200])
+    assert err.field == "executor" and ray_executor.SLOT in err.allowed
+
+
+def test_driver_sigterm_marks_interrupted_then_resumes(cluster, tmp_path):
+    c, _ = cluster
+    path = experiment(tmp_path, "ray-sigterm", "{num_requests: 40, mix: fixed-128, concurrency: 2, request_rate: 4}", """
+        main:
+          trials: [{name: paced}]
+        """)
+    db = str(tmp_path / "term.duckdb")
+    driver = subprocess.Popen([sys.executable, "-m", "qwen3lab.cli", "run", str(path), "--db", db, "--executor", "ray",
+                               "--address", c.address, "--runs-dir", str(tmp_path / "runs")], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_requests(db)
+        servers = [p.pid for p in vllm_processes()]
+        driver.send_signal(signal.SIGTERM)
+        out, _ = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0, out
+    (row,) = runs_of(db)
+    assert row["status"] == "interrupted", (row["status"], out)
+    assert 0 < Store(db).request_counts([row["run_id"]])[row["run_id"]] < 40
+    assert gone(servers), "the cancelled trial's vLLM server was left running"
+
+    (result,) = on_ray(path, db, runs_dir=tmp_path / "runs")
+    assert result.status == "ok"
+    assert [r["status"] for r in runs_of(db)] == ["interrupted", "ok"]
+
+
+def test_search_asks_as_many_trials_as_free_slots_and_tells_each_result(cluster, tmp_path):
+    """Endpoint trials against one running server (stopped at the end: one server at a time), so the search
+    launches nothing itself."""
+    from qwen3lab.measure import engine
+
+    with engine.launch(tiny_config(max_model_len=1024), tmp_path / "server.log", ready_timeout_s=600) as server:
+        _search(server, tmp_path)
+
+
+def _search(tiny_server, tmp_path):
+    import optuna
+
+    from qwen3lab.experiment.spec import EndpointConfig, Trial, Workload
+    from qwen3lab.measure import ray_search
+    from qwen3lab.models import resolve_model_path
+
+    endpoint = EndpointConfig(kind="endpoint", url=tiny_server.base_url, model=tiny_server.model_name,
+                              tokenizer=str(resolve_model_path("builtin:qwen3-tiny")))
+
+    def make_trial(ask) -> Trial:
+        c = ask.suggest_int("concurrency", 1, 4)
+        return Trial(experiment="ray-search", chapter="search", name=f"trial-{ask.number}-c{c}", engine=endpoint,
+                     workload=Workload(num_requests=8, mix="fixed-128", concurrency=c, seed=ask.number))
+
+    db = str(tmp_path / "search.duckdb")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    probe = make_trial(optuna.trial.FixedTrial({"concurrency": 1}))
+    slots = ray_executor.free_slots(ray, probe, "cpu")
+    assert slots == 3  # one CPU on each of the three nodes: an endpoint trial needs only its load generator
+    results = ray_search.optimize(study, make_trial, lambda run: run["output_throughput"], 5, db, "cpu",
+                                  runs_dir=tmp_path / "runs")
+    assert [r.status for r in results] == ["ok"] * 5
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 5
+    stored = {r.trial.name: Store(db).run(r.run_id)["output_throughput"] for r in results}
+    assert sorted(t.value for t in study.trials) == sorted(stored.values())  # told what was stored
+    # In flight together, never more than the free slots: from the stored start and end times.
+    spans = [(r["started_at"], r["ended_at"]) for r in runs_of(db)]
+    most = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+    assert 2 <= most <= slots, spans
+
+
+def test_cli_refuses_what_the_ray_executor_cannot_honour(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "qwen3lab.cli", *args], capture_output=True, text=True,
+                              cwd=REPO, timeout=300)
+
+    exp = str(REPO / "experiments" / "cpu-tiny.yaml")
+    got = cli("sweep", exp, "--executor", "ray", "-p", "num_requests=8", "--db", str(tmp_path / "x.duckdb"))
+    assert got.returncode == 2 and "-p num_requests changes the trials" in got.stderr
+    got = cli("run", exp, "--address", "auto", "--db", str(tmp_path / "x.duckdb"))
+    assert got.returncode == 2 and "--address needs --executor ray" in got.stderr
+    got = cli("run", exp, "--executor", "dask", "--db", str(tmp_path / "x.duckdb"))
+    assert got.returncode == 2 and "not one of local, ray" in got.stderr
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_node_lost_mid_trial_is_stored_lost_and_retried_elsewhere(cluster, tmp_path):
+    c, nodes = cluster
+    # Paced arrivals keep the load running ~10 s, long enough to lose its node in the middle.
+    path = experiment(tmp_path, "ray-lost", "{num_requests: 40, mix: fixed-128, concurrency: 2, request_rate: 4}", """
+        main:
+          trials: [{name: paced}]
+        """)
+    db = str(tmp_path / "lost.duckdb")
+    results, failure = [], []
+
+    def drive():
+        try:
+            results.extend(on_ray(path, db, runs_dir=tmp_path / "runs"))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            failure.append(exc)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    first = wait_for_requests(db)
+    victim_id = json.loads(first["info_json"])["ray"]["node_id"]
+    victim = next(n for n in nodes if n.node_id == victim_id)
+    servers = [p.pid for p in vllm_processes()]
+    c.remove_node(victim, allow_graceful=False)  # abrupt, as a node that fails
+    driver.join(timeout=900)
+    assert not driver.is_alive() and not failure, failure
+    try:
+        rows = runs_of(db)
+        assert [r["status"] for r in rows] == ["lost", "ok"], [(r["status"], r["reason"]) for r in rows]
+        lost, ok = rows
+        assert "lost mid-trial" in lost["reason"] and "retried on another node" in lost["reason"]
+        partial = Store(db).request_counts([lost["run_id"]]).get(lost["run_id"], 0)
+        assert 0 < partial < 40  # what arrived before the node went is kept
+        assert Store(db).request_counts([ok["run_id"]])[ok["run_id"]] == 40
+        assert json.loads(ok["info_json"])["ray"]["node_id"] != victim_id
+        assert [r.status for r in results] == ["ok"]
+        assert gone(servers), "the lost node's vLLM server outlived its worker"
+    finally:
+        nodes.remove(victim)  # the module's last test: the cluster is not made whole again

@@ -1,0 +1,185 @@
+"""The length-aware router in front of a real vLLM server (the embedded default): token counts against what the
+server itself counted, routes by threshold, bytes through unchanged, a backend down at start, a backend killed
+mid-stream (the last test: it kills this module's server)."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.parse
+
+import pytest
+from typer.testing import CliRunner
+
+from qwen3lab.cli import app
+from qwen3lab.measure import engine, router
+from qwen3lab.measure.prompt_tokens import PromptCounter
+from qwen3lab.measure.workload import build_requests, load_tokenizer
+
+from .conftest import small_workload, tiny_config
+
+THRESHOLD = 64
+TINY_TOKENIZER = "builtin:qwen3-tiny"
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    """This module's own vLLM server: the last test kills it, so it is not the session's shared one."""
+    log = tmp_path_factory.mktemp("router-backend") / "server.log"
+    with engine.launch(tiny_config(), log, ready_timeout_s=600) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def routed(backend, tmp_path_factory):
+    """A router with both routes on the one server (the route is told by the header, not by the server)."""
+    cfg = router.RouterConfig({"short": backend.base_url, "long": backend.base_url}, THRESHOLD,
+                              port=engine.free_port())  # no --tokenizer: found from the backend's /v1/models
+    with router.launch(cfg, tmp_path_factory.mktemp("router") / "router.log") as running:
+        yield running.url
+
+
+def post(url: str, path: str, body: dict, timeout: float = 60) -> tuple[int, dict, bytes]:
+    """POST and read the whole body (de-chunked) as bytes: (status, lower-cased headers, body)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
+def events(raw: bytes) -> list[dict]:
+    pieces = [e.strip() for e in raw.split(b"\n\n")]  # a read may start mid-event: strip its leftover newline
+    return [json.loads(e[5:]) for e in pieces if e.startswith(b"data:") and e[5:].strip() != b"[DONE]"]
+
+
+def usage(raw: bytes) -> dict:
+    return next(e["usage"] for e in events(raw) if e.get("usage"))
+
+
+def completion(model: str, prompt: str, max_tokens: int = 4, **extra) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 0, "stream_options": {"include_usage": True}, **extra}
+
+
+def test_bad_routes_are_refused_with_the_fix():
+    runner = CliRunner()
+    cases = {("--route", "short:http://x"): "NAME=URL",
+             ("--route", "short=ftp://x", "--route", "long=http://y"): "http:// or https://",
+             ("--route", "short=http://x"): "exactly two routes: short and long"}
+    for args, says in cases.items():
+        got = runner.invoke(app, ["router", *args, "--threshold-tokens", "10"])
+        assert got.exit_code == 2 and says in " ".join(got.output.split()), got.output
+    got = runner.invoke(app, ["router", "--route", "short=http://x", "--route", "long=http://y", "--threshold-tokens", "0"])
+    assert got.exit_code == 2 and "--threshold-tokens = 0" in got.output
+
+
+def test_prompt_tokens_and_routes_match_what_vllm_counted(backend, routed):
+    tok = load_tokenizer(router.tokenizer_path(TINY_TOKENIZER))
+    # Completions around the threshold: exact lengths from the workload builder, then odd text.
+    built = build_requests(small_workload(mix=[{"name": "p", "prompt_tokens": (THRESHOLD - 3, THRESHOLD + 3),
+                                                "output_tokens": 2}], num_requests=8), tok, 2048)
+    prompts = [r.prompt for r in built] + ["Ünïcode, émoji 🙂 and\nnew lines\t" * 9, "x"]
+    seen_routes = set()
+    for prompt in prompts:
+        status, headers, raw = post(routed, "/v1/completions", completion(backend.model_name, prompt))
+        assert status == 200, raw
+        counted = int(headers[router.TOKENS_HEADER])
+        assert counted == usage(raw)["prompt_tokens"], prompt
+        assert headers[router.ROUTE_HEADER] == ("short" if counted <= THRESHOLD else "long")
+        seen_routes.add(headers[router.ROUTE_HEADER])
+    assert seen_routes == {"short", "long"}
+    # Chat: the template rendered (thinking on and off, a list-of-parts message, a system turn).
+    chats = [
+        {"messages": [{"role": "user", "content": built[0].prompt}]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": "hello"}, {"role": "user", "content": built[1].prompt}],
+         "chat_template_kwargs": {"enable_thinking": False}},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "part one"},
+                                                   {"type": "text", "text": built[2].prompt}]}]},
+    ]
+    for chat in chats:
+        body = {"model": backend.model_name, "max_completion_tokens": 2, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}, **chat}
+        status, headers, raw = post(routed, "/v1/chat/completions", body)
+        assert status == 200, raw
+        assert int(headers[router.TOKENS_HEADER]) == usage(raw)["prompt_tokens"], chat
+
+
+def test_chat_template_renders_as_transformers_does():
+    transformers = pytest.importorskip("transformers")
+    path = router.tokenizer_path(TINY_TOKENIZER)
+    ref = transformers.AutoTokenizer.from_pretrained(path)
+    counter = PromptCounter(path)
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "one two"}]
+    for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+        want = ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kwargs)
+        assert counter.render_chat({"messages": msgs, "chat_template_kwargs": kwargs}) == want
+
+
+def test_stream_is_the_servers_own_events(backend, routed):
+    """Through the router and straight from vLLM, greedy: the same events (only vLLM's per-request id and
+    creation time differ), and /v1/models, /metrics answer for the router."""
+    body = completion(backend.model_name, "the same prompt both ways", max_tokens=24)
+    direct = post(backend.base_url, "/v1/completions", body)[2]
+    through = post(routed, "/v1/completions", body)[2]
+    mask = lambda raw: re.sub(rb'"(id|created)":("[^"]*"|\d+)', b'"\\1":0', raw)  # noqa: E731
+    assert mask(through) == mask(direct) and through.endswith(b"data: [DONE]\n\n")
+
+    status, models = engine.http_get(routed + "/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(models)["data"]] == [backend.model_name]
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = engine.http_get(routed + "/metrics")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text.decode()) for s in fam.samples}
+    assert samples[("qwen3lab_router_requests_total", (("route", "short"),))] >= 1
+    assert samples[("qwen3lab_router_added_latency_seconds_count", (("route", "short"),))] >= 1
+    assert 0 < samples[("qwen3lab_router_added_latency_seconds_sum", (("route", "short"),))] < 5
+
+
+def test_backend_down_at_start_is_named(backend, tmp_path):
+    dead = f"http://127.0.0.1:{engine.free_port()}"
+    cfg = router.RouterConfig({"short": backend.base_url, "long": dead}, THRESHOLD, port=engine.free_port())
+    with router.launch(cfg, tmp_path / "router.log") as running:
+        url = running.url
+        status, body = engine.http_get(url + "/health")
+        health = json.loads(body)
+        assert status == 503 and health["short"] == "ok" and f"backend long ({dead}) is down" in health["error"]
+        status, headers, raw = post(url, "/v1/completions", completion(backend.model_name, "short one"))
+        assert status == 200 and headers[router.ROUTE_HEADER] == "short"
+        status, headers, raw = post(url, "/v1/completions", completion(backend.model_name, " word" * 200))
+        assert status == 502 and f"backend long ({dead}) is unreachable" in json.loads(raw)["error"]["message"]
+        text = engine.http_get(url + "/metrics")[1].decode()
+        assert 'qwen3lab_router_errors_total{reason="unreachable",route="long"} 1.0' in text
+
+
+def test_backend_killed_mid_stream_ends_the_stream_with_an_error(backend, routed):
+    """Kills this module's server: keep it the last test of the module."""
+    parts = urllib.parse.urlsplit(routed)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(completion(backend.model_name, "go on", max_tokens=1900)),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    first = resp.readline()
+    assert first.startswith(b"data:")
+    killed_at = time.monotonic()
+    os.killpg(backend.process.pid, signal.SIGKILL)
+    rest = resp.read()  # must end, not hang
+    took = time.monotonic() - killed_at
+    conn.close()
+    assert took < 30, took
+    assert b"[DONE]" not in rest, "a stream cut by a dead backend must not look complete"
+    last = events(rest)[-1]
+    assert f"backend short ({backend.base_url}) broke off the response mid-stream" in last["error"]["message"]
+    status, body = engine.http_get(routed + "/health")
+    assert status == 503 and f"backend short ({backend.base_url}) is down" in json.loads(body)["error"]
+    text = engine.http_get(routed + "/metrics")[1].decode()
+    assert 'qwen3lab_router_errors_total{reason="disconnected",route="short"} 1.0' in text
