@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from qwen3lab.errors import Qwen3LabError, SpecErrors
+from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.store import DEFAULT_DB
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -31,6 +31,9 @@ def _fail(exc: Exception) -> None:
         err.print(f"[bold red]{len(exc.errors)} problem(s); nothing was launched:[/]")
         for e in exc.errors:
             err.print(f" - {e}", markup=False, highlight=False)
+    elif isinstance(exc, SpecError):
+        err.print("[bold red]1 problem; nothing was launched:[/]")
+        err.print(f" - {exc}", markup=False, highlight=False)
     else:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
     raise typer.Exit(2)
@@ -76,7 +79,12 @@ def run(
                 results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
         _fail(exc)
-    console.print(terminal.results_table(results, db))
+    try:
+        console.print(terminal.results_table(results, db))
+    except Qwen3LabError as exc:  # the file is held elsewhere: what was measured is in the spool, say so
+        err.print(f"[yellow]cannot read the results table now ({exc}); `qwen3lab runs --db {db}` shows them later[/]",
+                  highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()

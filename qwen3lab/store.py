@@ -3,21 +3,27 @@
 DuckDB lets one process write a file at a time, and a reader cannot open it while a writer holds it. So every
 call opens the file, does one short transaction, and closes it; a call that meets another process's lock
 waits and retries. That is what lets the dashboard read while a sweep writes.
+
+Lines: over 450 because the schema, the writes, the owner/claim/recovery of running rows and the named
+queries are all SQL, and this is the only module that may speak it.
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from qwen3lab.errors import Qwen3LabError
+from qwen3lab.spool import Spool
 
 DEFAULT_DB = "qwen3lab.duckdb"
 # Threads of a process share DuckDB's database instance of a file, and one thread opening a connection while
@@ -27,7 +33,8 @@ DEFAULT_DB = "qwen3lab.duckdb"
 # DuckDB's file lock (see connect).
 _FILE_LOCKS: dict[str, threading.RLock] = {}
 _FILE_LOCKS_GUARD = threading.Lock()
-LOCK_WAIT_S = 30.0
+# How long a write waits for another process's lock before it gives up (the fault tests shorten it).
+LOCK_WAIT_S = float(os.environ.get("QWEN3LAB_LOCK_WAIT_S", "30"))
 
 # Key figures copied out of the summary into columns, so listing runs needs no JSON parsing.
 SUMMARY_COLUMNS = (
@@ -103,6 +110,15 @@ MIGRATIONS: list[str] = [
         started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ
     );
     """,
+    # 6: who runs a `running` row (pid, host, that process's start time: a reused pid is another process),
+    # its heartbeat, and the spool its rows reach first (see recover)
+    """
+    ALTER TABLE runs ADD COLUMN owner_pid INTEGER;
+    ALTER TABLE runs ADD COLUMN owner_host VARCHAR;
+    ALTER TABLE runs ADD COLUMN owner_started DOUBLE;
+    ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMPTZ;
+    ALTER TABLE runs ADD COLUMN spool_path VARCHAR;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
@@ -110,8 +126,71 @@ REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", 
                    "chunk_times", "status", "error", "route")
 
 
+# A `running` row's owner on this host is alive while its pid runs with the same start time; an owner on
+# another host (a shared file system) is judged by its heartbeat, written every HEARTBEAT_S.
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 120.0
+
+
 class StoreError(Qwen3LabError):
     pass
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process that runs a trial."""
+
+    pid: int
+    host: str
+    started: float  # the process's start time (psutil create_time)
+
+    @classmethod
+    def me(cls) -> "Owner":
+        import psutil
+
+        return cls(os.getpid(), socket.gethostname(), psutil.Process().create_time())
+
+    def fields(self) -> dict[str, Any]:
+        return {"owner_pid": self.pid, "owner_host": self.host, "owner_started": self.started}
+
+
+def owner_alive(row: dict[str, Any]) -> bool:
+    """Whether the process that holds a `running` row still runs (a row without an owner: by its age)."""
+    import psutil
+
+    pid, host, started = row.get("owner_pid"), row.get("owner_host"), row.get("owner_started")
+    if pid is not None and not _missing(pid) and host == socket.gethostname():
+        try:
+            proc = psutil.Process(int(pid))
+            return abs(proc.create_time() - float(started)) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError, ValueError):
+            return False
+    beat = row.get("heartbeat_at")
+    beat = row.get("started_at") if _missing(beat) else beat
+    if _missing(beat):
+        return False
+    return (now() - beat.to_pydatetime() if hasattr(beat, "to_pydatetime") else now() - beat).total_seconds() \
+        < STALE_AFTER_S
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value) or str(value) in ("NaT", "<NA>")
+
+
+@dataclass
+class Claim:
+    """What claim_run found: the new run's id, or the run that holds (or just finished) the trial."""
+
+    run_id: str | None
+    held_by: dict[str, Any] | None = None
+
+    @property
+    def reason(self) -> str:
+        h = self.held_by or {}
+        if h.get("status") == "running":
+            return (f"held by run {h.get('run_id')} (qwen3lab pid {h.get('owner_pid')} on {h.get('owner_host')}, "
+                    "still running): not run twice")
+        return f"run {h.get('run_id')} of another qwen3lab finished it meanwhile ({h.get('status')}): not run twice"
 
 
 def now() -> datetime:
@@ -198,6 +277,79 @@ class Store:
                         [run_id, *(_sql_value(v) for v in fields.values())])
         return run_id
 
+    def claim_run(self, trial_key: str, since: datetime, owner: Owner, **fields: Any) -> Claim:
+        """Begin a run of a trial unless another live qwen3lab holds it, or started it since `since` (when the
+        caller looked for earlier runs): two sweeps on one file never run one trial twice.
+
+        One transaction on a file DuckDB lets one process write at a time, so the look and the insert are one step.
+        """
+        self.recover(trial_key)
+        run_id = fields.pop("run_id", None) or new_run_id()
+        fields |= owner.fields() | {"status": "running", "started_at": now(), "heartbeat_at": now()}
+        cols = ["run_id", "trial_key", *fields]
+        with self.connect() as con:
+            con.execute("BEGIN")
+            cur = con.execute("SELECT * FROM runs WHERE trial_key = ? AND (status = 'running' OR started_at >= ?) "
+                              "ORDER BY started_at DESC", [trial_key, since])
+            names = [d[0] for d in cur.description]
+            for row in (dict(zip(names, r)) for r in cur.fetchall()):
+                if row["status"] != "running" or owner_alive(row):
+                    con.execute("ROLLBACK")
+                    return Claim(None, row)
+            con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [run_id, trial_key, *(_sql_value(v) for v in fields.values())])
+            con.execute("COMMIT")
+        return Claim(run_id)
+
+    def heartbeat(self, run_id: str) -> None:
+        with self.connect() as con:
+            con.execute("UPDATE runs SET heartbeat_at = ? WHERE run_id = ? AND status = 'running'", [now(), run_id])
+
+    def recover(self, trial_key: str | None = None) -> list[dict[str, Any]]:
+        """`running` rows whose owner is gone: their spool ingested, then finished as the spool says (the run
+        ended but DuckDB refused its last write) or `interrupted` (resume runs those again). Returns them."""
+        if not Path(self.path).exists():
+            return []
+        extra, params = ("AND trial_key = ?", [trial_key]) if trial_key else ("", [])
+        with self.connect() as con:
+            cur = con.execute(f"SELECT run_id, owner_pid, owner_host, owner_started, heartbeat_at, started_at, "
+                              f"spool_path FROM runs WHERE status = 'running' {extra}", params)
+            names = [d[0] for d in cur.description]
+            rows = [dict(zip(names, r)) for r in cur.fetchall()]
+        recovered = []
+        for row in rows:
+            if owner_alive(row):
+                continue
+            spooled = self.ingest_spool(row["run_id"], row["spool_path"]) if row.get("spool_path") else None
+            n = spooled.requests_added if spooled else 0
+            if spooled and spooled.finish:
+                fields = dict(spooled.finish)
+                fields["ended_at"] = datetime.fromisoformat(fields["ended_at"]) if fields.get("ended_at") else now()
+                self.update_run(row["run_id"], **fields)
+                status = fields.get("status")
+            else:
+                beat = row.get("heartbeat_at") or row.get("started_at")
+                status = "interrupted"
+                self.finish_run(row["run_id"], status,
+                                f"qwen3lab (pid {row.get('owner_pid')} on {row.get('owner_host')}) stopped without "
+                                f"finishing the run (killed?); last heartbeat {beat}; {n} measured requests were "
+                                "recovered from its spool")
+            Spool(row["spool_path"]).remove() if row.get("spool_path") else None
+            recovered.append({"run_id": row["run_id"], "status": status, "requests_recovered": n})
+        return recovered
+
+    def ingest_spool(self, run_id: str, path: str | os.PathLike) -> "IngestResult":
+        """Store what a run's spool holds that DuckDB does not have yet (by request index; samples by t, source, name)."""
+        spooled = Spool(path).read()
+        have = self._query("SELECT idx FROM requests WHERE run_id = ?", [run_id])
+        known = set() if have is None else set(int(i) for i in have.idx)
+        rows = [r for r in spooled.requests if int(r["idx"]) not in known]
+        self.add_requests(run_id, rows)
+        got = self._query("SELECT t, source, name FROM samples WHERE run_id = ?", [run_id])
+        seen = set() if got is None else set(zip(got.t, got.source, got.name))
+        self.add_samples(run_id, [s for s in spooled.samples if (s[0], s[1], s[2]) not in seen])
+        return IngestResult(len(rows), spooled.finish)
+
     def update_run(self, run_id: str, **fields: Any) -> None:
         if not fields:
             return
@@ -207,11 +359,7 @@ class Store:
 
     def finish_run(self, run_id: str, status: str, reason: str | None = None,
                    summary: dict | None = None, **fields: Any) -> None:
-        fields |= {"status": status, "reason": reason, "ended_at": now()}
-        if summary is not None:
-            fields["summary_json"] = summary
-            fields |= {k: summary.get(k) for k in SUMMARY_COLUMNS}
-        self.update_run(run_id, **fields)
+        self.update_run(run_id, **finish_fields(status, reason, summary, **fields))
 
     def add_requests(self, run_id: str, records: Sequence[Any]) -> None:
         """Append request records (loadgen.RequestRecord or dicts with the same fields)."""
@@ -219,7 +367,7 @@ class Store:
             return
         import pyarrow as pa
 
-        rows = [r if isinstance(r, dict) else record_row(r) for r in records]
+        rows = [r if isinstance(r, dict) else request_row(r) for r in records]
         table = pa.table({c: [row.get(c, run_id) if c == "run_id" else row.get(c) for row in rows]
                           for c in REQUEST_COLUMNS},
                          schema=_request_schema())
@@ -387,6 +535,15 @@ class Store:
         return [] if df is None else list(df.experiment)
 
 
+def finish_fields(status: str, reason: str | None = None, summary: dict | None = None, **fields: Any) -> dict:
+    """The columns a finished run row gets (the summary's key figures copied out)."""
+    fields |= {"status": status, "reason": reason, "ended_at": now()}
+    if summary is not None:
+        fields["summary_json"] = summary
+        fields |= {k: summary.get(k) for k in SUMMARY_COLUMNS}
+    return fields
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
@@ -395,6 +552,17 @@ def _sql_value(v: Any) -> Any:
     if isinstance(v, (dict, list, tuple)):
         return json.dumps(v, sort_keys=True, default=str)
     return v
+
+
+@dataclass
+class IngestResult:
+    requests_added: int
+    finish: dict[str, Any] | None
+
+
+def request_row(r: Any) -> dict[str, Any]:
+    """A loadgen.RequestRecord as a row of the requests table (without run_id)."""
+    return record_row(r)
 
 
 def record_row(r: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ its vLLM server is stopped before the kernel shuts down; the sweep then stops an
 """
 from __future__ import annotations
 
+import difflib
 import os
 import signal
 import time
@@ -22,7 +23,7 @@ from typing import Any
 
 from qwen3lab.experiment import files as xp
 from qwen3lab import workbook
-from qwen3lab.errors import Qwen3LabError
+from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.measure import executor
 
 # How long a kernel that was asked to stop may take to finish its trial (stop vLLM, write the run row).
@@ -106,7 +107,43 @@ def plan(experiment_path: str | os.PathLike, db: str, only: list[str] | None = N
         add(stem, name, base | {"chapter": name, "runs_dir": str(Path(runs_dir).resolve())} | extra)
     if with_report:
         add("99_report", None, {"experiment": base["experiment"], "db": base["db"]})
+    _check_params(extra, [ex for ex in execs if ex.chapter])
     return exp, execs
+
+
+# What each `-p` parameter of the chapter notebooks takes. papermill infers no type from a `None` default, so
+# without this a `-p num_requests=lots` would reach the kernel and fail there, after servers had started.
+NOTEBOOK_PARAMS: dict[str, tuple[tuple[type, ...], str]] = {
+    "num_requests": ((int, type(None)), "a whole number >= 1, or null for the experiment's own"),
+    "warmup_requests": ((int, type(None)), "a whole number >= 0, or null"),
+    "max_trials": ((int, type(None)), "a whole number >= 1, or null for all"),
+    "retry_failed": ((bool,), "true or false"),
+    "duration_s": ((int, float, type(None)), "seconds (a number > 0), or null"),
+    "window_s": ((int, float), "seconds (a number > 0)"),
+}
+
+
+def _check_params(params: dict[str, Any], execs: list[Execution]) -> None:
+    """Every `-p` parameter names a parameter of the notebooks it goes to, with a value of its type."""
+    import papermill as pm
+
+    errors = []
+    known = set().union(*(pm.inspect_notebook(str(ex.input_path)) for ex in execs)) if execs and params else set()
+    for name, value in params.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            errors.append(SpecError(f"-p {name}", value, "parameters of the chapter notebooks: " + ", ".join(sorted(known)),
+                                    f"did you mean {close[0]!r}?" if close else "remove it"))
+            continue
+        types, allowed = NOTEBOOK_PARAMS.get(name, ((object,), "any value"))
+        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+        if not wrong and isinstance(value, (int, float)) and not isinstance(value, bool):
+            wrong = value < (0 if name == "warmup_requests" else 1e-9 if float in types else 1)
+        if wrong:
+            errors.append(SpecError(f"-p {name}", value, allowed, f"write e.g. -p {name}="
+                                    f"{'true' if bool in types else 10 if int in types else 'PATH'}"))
+    if errors:
+        raise SpecErrors(errors)
 
 
 def dry_run(experiment_path: str | os.PathLike, only: list[str] | None = None) -> SweepResult:

@@ -188,7 +188,7 @@ class TrialProgress(Listener):
     def finished(self, result) -> None:
         if (task := self.tasks.pop(result.trial.key, None)) is not None:
             self.bar.remove_task(task)
-        colour = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
+        colour = {"ok": "green", "skipped": "yellow", "held": "yellow"}.get(result.status, "red")
         self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
                  + (f": {result.reason}" if result.reason else ""))
         self.bar.advance(self.overall)

@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "qwen3lab"
 # Lower layers never import higher ones (README, Layout). Within a layer any import is fine, cycles are not.
 LAYERS = [
-    ["errors", "models", "experiment.spec", "hardware.catalogue", "store"],
+    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store"],
     ["experiment.files", "analysis.metrics", "analysis.selection", "analysis.comparable", "analysis.stats",
      "measure.workload", "measure.telemetry", "measure.engine", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it

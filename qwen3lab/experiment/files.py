@@ -186,14 +186,65 @@ def load(path: str | Path) -> Experiment:
     path = Path(path)
     if not path.is_file():
         raise SpecError("experiment", str(path), "a YAML file that exists", "check the path (see experiments/)")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SpecError("experiment", str(path), "valid YAML", f"fix the syntax: {exc}") from exc
+    raw = read_yaml(path) or {}
     if not isinstance(raw, dict):
         raise SpecError("experiment", str(path), "a mapping with name, engine, workload, ...", "see experiments/cpu-tiny.yaml")
     raw.setdefault("name", path.stem)
     return _validate(TypeAdapter(Experiment), {**raw, "path": str(path)}, str(path), "")
+
+
+def _refuse_duplicate_keys(node: yaml.Node, path: tuple = ()) -> None:
+    """A key written twice in one mapping is an error, not PyYAML's silent last-wins: a user who writes
+    max_num_seqs twice would otherwise measure a configuration they did not mean."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, (*path, i))
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, yaml.Node] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys merged in with `<<: *anchor` may be overridden: that is what a merge means
+        key = str(key_node.value)
+        if key in seen:
+            first, again = seen[key].start_mark, key_node.start_mark
+            field = ".".join(str(p) for p in (*path, key))
+            raise SpecError(field, key, "each key once per mapping",
+                            f"keep one of the two: lines {first.line + 1} and {again.line + 1} both set {field} "
+                            "(YAML would silently keep the last)", f"{again.name}:{again.line + 1}:{again.column + 1}")
+        seen[key] = key_node
+        _refuse_duplicate_keys(value_node, (*path, key))
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file, or a SpecError at the file, line and column of the first syntax error or duplicate key."""
+    path = Path(path)
+    try:
+        loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SpecError("experiment", str(path), "a UTF-8 text file",
+                        f"save it as UTF-8 ({exc.reason} at byte {exc.start})") from None
+    loader.name = str(path)  # else every mark says '<unicode string>'
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node)
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        lines = (mark.buffer or "").splitlines() if mark else []
+        line = lines[mark.line].strip() if mark and mark.line < len(lines) else None
+        opened = exc.context_mark if exc.context_mark and exc.context_mark is not mark else None
+        since = f" ({exc.context} that began at line {opened.line + 1}, column {opened.column + 1})" if opened else ""
+        raise SpecError("yaml", line or None, "valid YAML",
+                        f"fix the syntax at line {mark.line + 1 if mark else '?'}, column "
+                        f"{mark.column + 1 if mark else '?'}: {exc.problem}{since}", where) from None
+    except yaml.YAMLError as exc:
+        raise SpecError("yaml", str(path), "valid YAML", f"fix the syntax: {exc}", str(path)) from None
+    finally:
+        loader.dispose()
 
 
 def _validate(adapter: TypeAdapter, data: Any, where: str, prefix: str):
@@ -230,6 +281,8 @@ def _spec_error(err: dict, where: str, prefix: str, adapter: TypeAdapter) -> Spe
         return SpecError(field, None, "a value (this field is required)", f"add {loc[-1]}: ...", where)
     fix = {"literal_error": "use one of the allowed values", "int_parsing": "write a whole number",
            "int_type": "write a whole number", "float_parsing": "write a number", "bool_parsing": "write true or false",
-           "greater_than": "raise it", "greater_than_equal": "raise it", "less_than_equal": "lower it"}.get(
-        kind, "see `qwen3lab schema` for every field and its description")
+           "greater_than": "raise it", "greater_than_equal": "raise it", "less_than_equal": "lower it",
+           "value_error": f"change {field or 'it'} to what is allowed (`qwen3lab schema {prefix or 'experiment'}` "
+                          "describes every field)"}.get(
+        kind, f"see `qwen3lab schema {prefix or 'experiment'}` for every field and its description")
     return SpecError(field, value, msg, fix, where)

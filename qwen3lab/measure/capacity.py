@@ -268,12 +268,15 @@ def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_
     pt = point_trial(trial, spec, load, index, fresh_seed)
     begun = runner.begin_run(pt, store, experiment_path, None, machine, gpu_id, search_id=search_id,
                              point_index=index, load_axis=spec.axis, offered_load=load,
-                             log_path=str(server.log_path or ""))
+                             log_path=str(server.log_path or ""),
+                             runs_dir=Path(server.log_path).parent if server.log_path else "runs")
+    if begun.held:  # another qwen3lab measures this very point now: not measured twice
+        return Point(index, load, begun.run_id, "held", False, None, begun.held, None)
     judge_ = PointJudge(spec, trial.slo, pt.workload.num_requests)
-    status, reason, summary, extra, passed, attainment, why = "failed", None, None, {}, False, None, ""
+    status, reason, summary, extra, refused, passed, attainment, why = "failed", None, None, {}, [], False, None, ""
     try:
-        got = runner.measure(server, pt, store, begun.run_id, begun.info, progress, judge_.add, judge_.stop)
-        status, reason, summary, extra = got.status, got.reason, got.summary, got.extra
+        got = runner.measure(server, pt, store, begun, progress, judge_.add, judge_.stop)
+        status, reason, summary, extra, refused = got.status, got.reason, got.summary, got.extra, got.refused
         passed, attainment, why = judge(spec, trial.slo, got, store.requests([begun.run_id]), judge_.early)
         if judge_.early:
             summary |= {"ended_early": judge_.early}
@@ -283,8 +286,8 @@ def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_
     except EngineError as exc:
         status, reason, why = exc.outcome, exc.reason, exc.reason
     finally:
-        store.finish_run(begun.run_id, status, reason, summary, attainment=attainment,
-                         point_verdict="pass" if passed else "fail", **extra)
+        runner.finish(store, begun, status, reason, summary,
+                      {**extra, "attainment": attainment, "point_verdict": "pass" if passed else "fail"}, refused)
     return Point(index, load, begun.run_id, status, passed, attainment, why, summary)
 
 

@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from qwen3lab.errors import EngineError, SpecError
+from qwen3lab.redact import REDACTED
 from qwen3lab.models import BUILTIN_PREFIX, default_tokenizer, resolve_model_path
 from qwen3lab.experiment.spec import EndpointConfig, EngineConfig
 
@@ -134,6 +135,16 @@ def _die_with_parent() -> None:
     os.setsid()
 
 
+def _auth_headers(config: EngineConfig) -> dict[str, str]:
+    """A server launched with --api-key (or VLLM_API_KEY) wants it on every /v1 request, as a bearer token."""
+    args = config.extra_args
+    key = next((a.split("=", 1)[1] for a in args if a.startswith("--api-key=")), None)
+    if key is None and "--api-key" in args and args.index("--api-key") + 1 < len(args):
+        key = args[args.index("--api-key") + 1]
+    key = key or config.env.get("VLLM_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def host_gpu_total_bytes(config: EngineConfig) -> int:
     """CUDA's total memory of the GPU this server gets (the first of CUDA_VISIBLE_DEVICES): the catalogue's
     measured CUDA total when the card is catalogued (what vLLM's utilization is a fraction of), else NVML's."""
@@ -220,7 +231,9 @@ def shell_command(launch: Launch) -> str:
         if not _ENV_NAME.fullmatch(key):
             raise SpecError("engine.env", key, "letters, digits and _ (not starting with a digit)",
                             "rename the variable: a shell cannot set it")
-    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items())]
+    # a secret was not stored (redact.py): the pasted command takes it from the caller's environment
+    env = [f'{k}="${{{k}:?set {k}: secrets are not stored}}"' if v == REDACTED else f"{k}={shlex.quote(v)}"
+           for k, v in sorted(launch.env.items())]
     return " ".join(env + [shlex.quote(a) for a in launch.argv])
 
 
@@ -396,7 +409,8 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
                               str(log_path)) from exc
     server = Server(base_url=f"http://127.0.0.1:{port}", model_name=config.served_model_name or resolve_model_path(config.model, config.load_format),
                     launch_command=shell_command(shell_launch(config, build)), exec_argv=argv, log_path=log_path, process=proc,
-                    port=port, build=build, info={"emulation": emulated} if emulated else {})
+                    port=port, build=build, info={"emulation": emulated} if emulated else {},
+                    headers=_auth_headers(config))
     _LIVE.add(server)
     try:
         _wait_ready(server, ready_timeout_s)

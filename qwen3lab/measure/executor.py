@@ -75,6 +75,11 @@ class Listener:
     def started(self, planned: Plan) -> None:
         """Before the first trial."""
 
+    def recovered(self, run: dict) -> None:
+        """A run another qwen3lab left `running` when it stopped (killed, DuckDB refusing its last writes)."""
+        self.log(f"! recovered run {run['run_id']}: its qwen3lab stopped without finishing it; "
+                 f"{run['requests_recovered']} measured requests stored from its spool, status {run['status']}")
+
     def planned_launches(self, count: int) -> None:
         """How many launches the plan will make (repeats included), told right after `started`."""
 
@@ -187,6 +192,8 @@ def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_fa
     interrupted (its server stopped) and is raised."""
     planned.raise_errors()
     listener = listener or Listener()
+    for run in store.recover():  # before resume looks: an interrupted trial is run again
+        listener.recovered(run)
     results: list[TrialResult] = []
     needed, verdict_of = [], {}
     for verdict in planned.verdicts:

@@ -14,10 +14,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from qwen3lab.store import REQUEST_COLUMNS, new_run_id, now, record_row
+from qwen3lab.store import REQUEST_COLUMNS, Claim, Owner, new_run_id, now, record_row
 
 BATCH_S = 2.0  # how often a running trial hands its rows to the driver
-SPOOL_NAME = "spool.jsonl"
+SPOOL_NAME = "relay.jsonl"  # beside the runner's own spool.jsonl of the run
 
 
 class Relay:
@@ -51,6 +51,13 @@ class Relay:
         self.spool.parent.mkdir(parents=True, exist_ok=True)
         self._emit("begin_run", run_id, fields)
         return run_id
+
+    def claim_run(self, trial_key: str, since, owner: Owner, **fields: Any) -> Claim:
+        """The driver alone reads DuckDB and hands each trial to one task: on the node the claim is the begin."""
+        return Claim(self.begin_run(trial_key=trial_key, **owner.fields(), **fields))
+
+    def heartbeat(self, run_id: str) -> None:
+        self._emit("update_run", run_id, {"heartbeat_at": now()})
 
     def _with_node(self, fields: dict) -> dict:
         if "info_json" in fields:  # a later write of info replaces the column: the node stays in it

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3lab import __version__
@@ -25,7 +25,10 @@ from qwen3lab.experiment import preflight
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sync
 from qwen3lab.experiment.spec import Trial
-from qwen3lab.store import Store, new_run_id
+from qwen3lab.redact import Redactor
+from qwen3lab.spool import SPOOL_NAME, Spool
+from qwen3lab.store import HEARTBEAT_S, Owner, Store, finish_fields, new_run_id, request_row
+from qwen3lab.store import now as store_now
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
 # Progress is shown every second; requests are written to DuckDB during a load only every 30 s (long loads,
@@ -77,17 +80,21 @@ class _Flusher:
 
     The loop that timestamps streams must not wait for anything: a DuckDB write (a connection, Arrow tables,
     DuckDB's own threads) or a progress bar holds the GIL and the CPU the server needs. So the thread advances
-    the progress bar every PROGRESS_EVERY_S and writes to DuckDB only every FLUSH_EVERY_S (a load of a few
-    hundred requests is stored once, right after it); leaving the `with` stores the rest, also after an error
-    or Ctrl-C. Records are never swapped out: a failed write leaves them for the next one.
+    the progress bar and appends new records to the run's spool (one JSON line, fsync'ed: what a kill leaves)
+    every PROGRESS_EVERY_S, and writes to DuckDB only every FLUSH_EVERY_S (a load of a few hundred requests is
+    stored once, right after it); leaving the `with` stores the rest, also after an error or Ctrl-C. Records
+    are never swapped out: a refused DuckDB write (disk full, the file held elsewhere) is noted in
+    `store_error` and retried by the next one; the spool has them meanwhile.
     """
 
-    def __init__(self, store: Store, run_id: str, progress: Callable[[int], None] | None):
-        self.store, self.run_id, self.progress = store, run_id, progress
+    def __init__(self, store: Store, spool: Spool, run_id: str, progress: Callable[[int], None] | None):
+        self.store, self.spool, self.run_id, self.progress = store, spool, run_id, progress
         self.records: list[RequestRecord] = []  # only ever appended to, by the loop
+        self.spooled = 0  # records[:spooled] are in the spool
         self.written = 0  # records[:written] are in the store
         self.shown = 0  # records[:shown] were counted on the progress bar
-        self.lock = threading.Lock()
+        self.store_error: str | None = None
+        self.lock = threading.RLock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-flush")
 
@@ -100,20 +107,33 @@ class _Flusher:
             self.progress(sum(not r.warmup for r in self.records[self.shown:upto]))
         self.shown = upto
 
+    def spool_new(self) -> None:
+        with self.lock:
+            upto = len(self.records)
+            if upto > self.spooled:
+                self.spool.add_requests([request_row(r) for r in self.records[self.spooled:upto]])
+                self.spooled = upto
+
     def flush(self) -> None:
         with self.lock:  # the thread's periodic write and the caller's last one
-            upto = len(self.records)
-            if upto > self.written:
-                self.store.add_requests(self.run_id, self.records[self.written:upto])
-                self.written = upto
+            self.spool_new()  # OSError (the spool's disk is full too) reaches the caller: nothing is safe yet
+            if self.spooled > self.written:
+                rows = [request_row(r) for r in self.records[self.written:self.spooled]]
+                self.store_error = _try_store(self.store.add_requests, self.run_id, rows)
+                if self.store_error is None:
+                    self.written = self.spooled
 
     def _loop(self) -> None:
         last_flush = time.monotonic()
         while not self.stop.wait(PROGRESS_EVERY_S):
             self.show()
-            if time.monotonic() - last_flush >= FLUSH_EVERY_S:
-                self.flush()
-                last_flush = time.monotonic()
+            try:
+                self.spool_new()
+                if time.monotonic() - last_flush >= FLUSH_EVERY_S:
+                    self.flush()
+                    last_flush = time.monotonic()
+            except OSError:
+                pass  # the spool's disk is full: the records stay in memory; the last flush raises it
 
     def __enter__(self):
         self.thread.start()
@@ -124,6 +144,36 @@ class _Flusher:
         self.thread.join()
         self.show()
         self.flush()
+
+
+def _try_store(write, *args, **kwargs) -> str | None:
+    """Run one DuckDB write; the error as text when DuckDB refuses it (disk full, file held elsewhere)."""
+    try:
+        write(*args, **kwargs)
+        return None
+    except Exception as exc:  # noqa: BLE001 - duckdb.IOException, StoreError (lock), OSError: the spool has it
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+class _Heartbeat:
+    """Marks the run row as owned by a live process every HEARTBEAT_S (see store.owner_alive)."""
+
+    def __init__(self, store: Store, run_id: str):
+        self.store, self.run_id = store, run_id
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-heartbeat")
+
+    def _loop(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            _try_store(self.store.heartbeat, self.run_id)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
 
 
 def _chat_template_tokens(server: engine.Server, trial: Trial) -> int:
@@ -169,35 +219,54 @@ def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | 
 
 @dataclass
 class Begun:
-    """A run row written before anything is launched; `skipped` when pre-flight says it cannot run here."""
+    """A run row claimed before anything is launched; `skipped` when pre-flight says it cannot run here,
+    `held` when another live qwen3lab holds the trial (then nothing is run, and run_id is the holder's)."""
 
     run_id: str
     info: dict
     skipped: str | None = None
+    held: str | None = None
+    log_path: Path | None = None
+    spool: Spool | None = None
+    fields: dict = field(default_factory=dict)
+    hide: Redactor | None = None
 
 
 def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, notebook_path: str | None = None,
               machine: preflight.Machine | None = None, gpu_id: str | None = None,
-              verdict: preflight.Verdict | None = None, **link) -> Begun:
-    """Pre-flight (unless the caller's `verdict` judged it already), then the run row (status running, or
-    skipped with the reason). Raises SpecErrors first.
+              verdict: preflight.Verdict | None = None, runs_dir: str | Path = "runs", **link) -> Begun:
+    """Pre-flight (unless the caller's `verdict` judged it already), then the run row: skipped with the reason,
+    or claimed (status running, this process its owner) unless another live qwen3lab holds the trial.
+    Raises SpecErrors first.
 
-    `link` are extra run columns, e.g. a capacity point's search_id, point_index and offered_load."""
+    `link` are extra run columns, e.g. a capacity point's search_id, point_index, offered_load and the log of
+    the server it shares (log_path)."""
+    entered = store_now()  # a run of this trial begun after this moment by another qwen3lab: not run twice
     probe = hardware.probe()
     if verdict is None:
         verdict = preflight.check(trial, machine or preflight.Machine.local(), gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
+    hide = Redactor(trial.engine)  # secret values never reach the store, the spool or the kept log
+    run_id = link.pop("run_id", None) or new_run_id()
+    own_dir = Path(runs_dir) / run_id
+    log_path = Path(link.pop("log_path", None) or own_dir / "server.log")
     fields = _provenance(trial, experiment_path, notebook_path, probe) | link
     fields["info_json"] = {"qwen3lab_version": __version__, "preflight_notes": verdict.notes, "plan": verdict.plan,
                            "machine": probe}
     if verdict.plan:
         fields["planner_kv_tokens"] = verdict.plan.get("kv_capacity_tokens")
+    fields = hide(fields)
     if verdict.skip:
-        run_id = store.begin_run(status="skipped", reason=verdict.skip, **fields)
+        run_id = store.begin_run(status="skipped", reason=verdict.skip, run_id=run_id, **fields)
         store.finish_run(run_id, "skipped", verdict.skip)
-        return Begun(run_id, fields["info_json"], verdict.skip)
-    return Begun(store.begin_run(**fields), fields["info_json"])
+        return Begun(run_id, fields["info_json"], skipped=verdict.skip)
+    spool = Spool(own_dir / SPOOL_NAME)  # the run's own folder: capacity points share a server log, not a spool
+    claim = store.claim_run(fields.pop("trial_key"), entered, Owner.me(), run_id=run_id, log_path=str(log_path),
+                            spool_path=str(spool.path), **fields)
+    if claim.run_id is None:
+        return Begun(str(claim.held_by["run_id"]), fields["info_json"], held=claim.reason)
+    return Begun(run_id, fields["info_json"], log_path=log_path, spool=spool, fields=fields, hide=hide)
 
 
 @dataclass
@@ -207,14 +276,16 @@ class Measured:
     summary: dict
     extra: dict  # run columns learnt while measuring (build, digests, client CPU, ...)
     records: list
+    refused: list[str] = field(default_factory=list)  # DuckDB writes refused meanwhile (the spool has them)
 
 
-def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info: dict,
+def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
             progress: Callable[[int], None] | None = None, on_done: Callable[[RequestRecord], None] | None = None,
             stop_when: Callable[[list], bool] | None = None) -> Measured:
-    """Load a running server with the trial's workload, flushing requests and samples to run_id as they come.
+    """Load a running server with the trial's workload; its requests reach the run's spool, then DuckDB.
 
     Several calls may share one server (a capacity search's load points); each is its own run."""
+    run_id, fields, hide, spool = begun.run_id, begun.fields, begun.hide, begun.spool
     build = server.build
     extra = {"exec_argv_json": server.exec_argv, "vllm_version": server.info.get("version", {}).get("version")
              or (build.vllm_version if build else None),
@@ -223,13 +294,14 @@ def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info
              "vllm_kv_tokens": server.info.get("kv_cache_tokens"), "start_s": server.info.get("start_s"),
              "compile_cache": server.info.get("compile_cache")}
     if server.info.get("emulation"):  # the utilization that capped memory to the target card's budget
-        info = extra["info_json"] = {**info, "emulation": server.info["emulation"]}
-    store.update_run(run_id, **extra)
+        fields["info_json"] = extra["info_json"] = {**fields["info_json"], "emulation": server.info["emulation"]}
+    refused: list[str | None] = [_try_store(store.update_run, run_id, **hide(extra))]
     # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
     sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,
                           visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
+    flusher = _Flusher(store, spool, run_id, progress)
     try:
-        with _Flusher(store, run_id, progress) as flusher:
+        with flusher:
             def done(rec: RequestRecord) -> None:
                 flusher.add(rec)
                 if on_done:
@@ -248,14 +320,12 @@ def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info
                 result = run_sync(_measure(server, requests, trial, done, stop_when, lambda: scraper.samples))
             scraped = scraper.samples
             sampler.stop()
-            flusher.flush()
     finally:
         sampler.stop()
         if sampler.why_not:
-            extra["info_json"] = {**info, "gpu_telemetry": sampler.why_not}
+            extra["info_json"] = {**fields["info_json"], "gpu_telemetry": sampler.why_not}
     # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
-    summary = metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo,
-                                      opening_burst(trial.workload))
+    summary = _summary(store, run_id, flusher, result, trial)
     client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
     summary |= {"client_cpu_s": client_cpu_s, "max_model_len": max_len, "template_tokens": template,
                 "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
@@ -268,17 +338,16 @@ def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info
         summary |= topology.added_latency(server, requests, trial.workload)
     samples = [(t - result.t0_perf, s, n, v) for t, s, n, v in scraped]
     samples += [(t - result.t0_perf, s, n, v) for t, s, n, v in sampler.samples]
-    store.add_samples(run_id, samples)
+    spool.add_samples(samples)
+    refused.append(_try_store(store.add_samples, run_id, samples))
     extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
     measured = [r for r in result.records if not r.warmup]
     planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
     check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
                             client_cpu_s, [r.sent_at for r in measured], planned,
                             ramp=trial.workload.concurrency or 0)
-    machine = info.get("machine", {})
     extra |= {"validity": validity.label(check), "checks_json": check,
-              "comparability_key": comparable.comparability_key(
-                  {"cpu": machine.get("cpu"), "gpu": hardware.gpu_summary(machine) if machine else None, **extra})}
+              "comparability_key": comparable.comparability_key({**fields, **extra})}
     if not server.alive():
         status, reason = server.death()
     elif summary["completed"] == 0:
@@ -287,7 +356,8 @@ def measure(server: engine.Server, trial: Trial, store: Store, run_id: str, info
         status, reason = "ok", None
         if summary["failed"]:
             reason = f"{summary['failed']} requests failed; first: {_first_error(result.records)}"
-    return Measured(status, reason, summary, extra, result.records)
+    return Measured(status, reason, summary, extra, result.records,
+                    [e for e in (*refused, flusher.store_error) if e])
 
 
 def record_failure(log_path: Path, exc: BaseException) -> tuple[str, str]:
@@ -300,41 +370,74 @@ def record_failure(log_path: Path, exc: BaseException) -> tuple[str, str]:
     return "failed", f"{type(exc).__name__}: {exc}"
 
 
+def finish(store: Store, begun: Begun, status: str, reason: str | None, summary: dict | None, extra: dict,
+           refused: list[str] = (), log: Callable[[str], None] = print) -> str | None:
+    """The run's end: secrets hidden in the kept log, the last fields spooled, then stored (see _store_final).
+    Returns the reason to report."""
+    begun.hide.file(begun.log_path)
+    return _store_final(store, begun.spool, begun.run_id, begun.hide(finish_fields(status, reason, summary, **extra)),
+                        list(refused), log)
+
+
 def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
               notebook_path: str | None = None, machine: preflight.Machine | None = None,
               progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
               ready_timeout_s: float = 900.0, gpu_id: str | None = None,
               verdict: preflight.Verdict | None = None) -> TrialResult:
     """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial.
-    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan)."""
-    run_id = new_run_id()
-    try:
-        begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id, verdict, run_id=run_id)
-    except KeyboardInterrupt:  # the row may be written already: finish it (a no-op when it is not)
-        store.finish_run(run_id, "interrupted", "stopped by the user (Ctrl-C) before its server started")
-        raise
+    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan).
+    A trial another live qwen3lab holds is not run: its result has status `held`."""
+    begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id, verdict, runs_dir)
     if begun.skipped:
         return TrialResult(trial, begun.run_id, "skipped", begun.skipped)
-    run_id = begun.run_id
-    log_path = Path(runs_dir) / run_id / "server.log"
-    status, reason, summary, extra = "failed", None, None, {}
+    if begun.held:
+        return TrialResult(trial, begun.run_id, "held", begun.held)
+    status, reason, summary, extra, refused = "failed", None, None, {}, []
+    with _Heartbeat(store, begun.run_id):
+        try:
+            with topology.open_engine(trial.engine, begun.log_path, ready_timeout_s) as server:
+                got = measure(server, trial, store, begun, progress)
+                status, reason, summary, extra, refused = got.status, got.reason, got.summary, got.extra, got.refused
+        except KeyboardInterrupt:
+            status, reason = "interrupted", "stopped by the user (Ctrl-C)"
+            raise
+        except Exception as exc:  # noqa: BLE001 - stored with its traceback, then the sweep goes on
+            status, reason = record_failure(begun.log_path, exc)
+        finally:
+            reason = finish(store, begun, status, reason, summary, extra, refused, log)
+    return TrialResult(trial, begun.run_id, status, reason, summary)
+
+
+def _summary(store: Store, run_id: str, flusher: _Flusher, result: LoadResult, trial: Trial) -> dict:
+    """Metrics over the stored rows; when DuckDB refused some of them, over the same rows built from the
+    records in memory (what the spool holds), so a full disk or a held file does not turn a run into a failure."""
+    if flusher.store_error is None:
+        try:
+            return metrics.summarize_rows(store.requests([run_id]), result.duration_s, trial.slo,
+                                          opening_burst(trial.workload))
+        except Exception:  # noqa: BLE001 - DuckDB refused the read: fall back to the records below
+            flusher.store_error = flusher.store_error or "reading the run's rows back failed"
+    return metrics.summarize(metrics.RequestTable.from_records(result.records), result.duration_s, trial.slo,
+                             opening_burst(trial.workload))
+
+
+def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: list[str], log) -> str | None:
+    """The run's last fields, spooled and then stored; rows DuckDB refused during the load are ingested first.
+    When DuckDB still refuses, the row stays `running` under this process: the next start finishes it from
+    the spool (Store.recover). Returns the reason to report."""
     try:
-        store.update_run(run_id, log_path=str(log_path))
-        with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server:
-            got = measure(server, trial, store, run_id, begun.info, progress)
-            status, reason, summary, extra = got.status, got.reason, got.summary, got.extra
-    except KeyboardInterrupt:
-        status, reason = "interrupted", "stopped by the user (Ctrl-C)"
-        raise
-    except Exception as exc:  # noqa: BLE001 - stored with its traceback, then the sweep goes on
-        status, reason = record_failure(log_path, exc)
-    finally:
-        store.finish_run(run_id, status, reason, summary, **extra)
-    return TrialResult(trial, run_id, status, reason, summary)
-
-
-def _first_error(records: list[RequestRecord]) -> str:
-    return next((r.error for r in records if r.error), "no request completed")
+        spool.finish(final)
+    except OSError as exc:  # its disk is full too: DuckDB may still take the row
+        log(f"could not append the run's end to {spool.path}: {exc}")
+    error = (_try_store(store.ingest_spool, run_id, spool.path) if refused else None) \
+        or _try_store(store.update_run, run_id, **final, spool_path=None)
+    if error is None:
+        spool.remove()
+        return final["reason"]
+    note = (f"DuckDB refused the run's writes ({error}); everything measured is kept in {spool.path} and is "
+            "stored by the next qwen3lab start")
+    log(note)
+    return f"{final['reason']}; {note}" if final["reason"] else note
 
 
 def opening_burst(workload) -> int:
