@@ -25,6 +25,7 @@ pages = [
     st.Page(HERE / "views/export.py", title="Export", icon=":material/terminal:", url_path="export"),
     st.Page(HERE / "views/claims.py", title="Claims", icon=":material/fact_check:", url_path="claims"),
     st.Page(HERE / "views/capacity.py", title="Capacity", icon=":material/speed:", url_path="capacity"),
+    st.Page(HERE / "views/drift.py", title="Drift", icon=":material/timeline:", url_path="drift"),
     st.Page(HERE / "views/file.py", title="File", url_path="file", visibility="hidden"),
 ]
 page = st.navigation(pages, position="top")

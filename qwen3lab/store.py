@@ -119,6 +119,19 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMPTZ;
     ALTER TABLE runs ADD COLUMN spool_path VARCHAR;
     """,
+    # 7: soaks: one server kept under load for hours; each window of it is a run linked to its soak; one row
+    # per soak with its counts (server starts, crashes, OOMs) and the drift of its last window against its first
+    """
+    ALTER TABLE runs ADD COLUMN soak_id VARCHAR;
+    ALTER TABLE runs ADD COLUMN soak_window INTEGER;
+    ALTER TABLE runs ADD COLUMN server_rss_mib DOUBLE;
+    CREATE TABLE soaks (
+        soak_id VARCHAR PRIMARY KEY, trial_key VARCHAR, experiment VARCHAR, chapter VARCHAR, trial VARCHAR,
+        config_hash VARCHAR, status VARCHAR NOT NULL, reason VARCHAR, duration_s DOUBLE, window_s DOUBLE,
+        max_restarts INTEGER, windows INTEGER, server_starts INTEGER, crashes INTEGER, ooms INTEGER,
+        elapsed_s DOUBLE, drift_json VARCHAR, started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
@@ -152,6 +165,11 @@ class Owner:
 
     def fields(self) -> dict[str, Any]:
         return {"owner_pid": self.pid, "owner_host": self.host, "owner_started": self.started}
+
+    def owns(self, row: dict[str, Any]) -> bool:
+        started = row.get("owner_started")
+        return (row.get("owner_pid") == self.pid and row.get("owner_host") == self.host
+                and not _missing(started) and abs(float(started) - self.started) < 1.0)
 
 
 def owner_alive(row: dict[str, Any]) -> bool:
@@ -278,8 +296,9 @@ class Store:
         return run_id
 
     def claim_run(self, trial_key: str, since: datetime, owner: Owner, **fields: Any) -> Claim:
-        """Begin a run of a trial unless another live qwen3lab holds it, or started it since `since` (when the
-        caller looked for earlier runs): two sweeps on one file never run one trial twice.
+        """Begin a run of a trial unless another live qwen3lab holds it, or started or finished it since `since`
+        (when the caller looked for earlier runs): two sweeps on one file never run one trial twice. A run cut
+        short (interrupted, lost) is run again; this process's own finished runs (earlier repeats) do not count.
 
         One transaction on a file DuckDB lets one process write at a time, so the look and the insert are one step.
         """
@@ -289,10 +308,13 @@ class Store:
         cols = ["run_id", "trial_key", *fields]
         with self.connect() as con:
             con.execute("BEGIN")
-            cur = con.execute("SELECT * FROM runs WHERE trial_key = ? AND (status = 'running' OR started_at >= ?) "
-                              "ORDER BY started_at DESC", [trial_key, since])
+            cur = con.execute("SELECT * FROM runs WHERE trial_key = ? AND (status = 'running' OR started_at >= ? "
+                              "OR (ended_at >= ? AND status NOT IN ('interrupted', 'lost'))) ORDER BY started_at DESC",
+                              [trial_key, since, since])
             names = [d[0] for d in cur.description]
             for row in (dict(zip(names, r)) for r in cur.fetchall()):
+                if row["status"] != "running" and owner.owns(row):
+                    continue  # this process's own earlier launch (repeats): not another qwen3lab's
                 if row["status"] != "running" or owner_alive(row):
                     con.execute("ROLLBACK")
                     return Claim(None, row)
@@ -458,77 +480,86 @@ class Store:
                            [list(run_ids), *params])
 
     def trial_runs(self, trial_key: str):
+        """The launches of a trial, oldest first: not the load points or windows that share its key (selection)."""
         return self._query("SELECT run_id, trial_key, status, reason, started_at FROM runs WHERE trial_key = ? "
-                           "ORDER BY started_at",
-                           [trial_key])
+                           "AND search_id IS NULL AND soak_id IS NULL ORDER BY started_at", [trial_key])
 
-    # --- capacity searches ----------------------------------------------------------------------------
-    def begin_capacity(self, **fields: Any) -> str:
-        """Insert a capacity search's row (status running) before its server starts; returns its id."""
-        search_id = fields.pop("search_id", None) or "cap-" + new_run_id()
-        fields |= {"status": "running", "started_at": now()}
-        cols = ["search_id", *fields]
+    # --- capacity searches, adaptive searches, soaks: one row each, written as they go ------------------------
+    def _insert(self, table: str, fields: dict[str, Any]) -> None:
+        cols = list(fields)
         with self.connect() as con:
-            con.execute(f"INSERT INTO capacities ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                        [search_id, *(_sql_value(v) for v in fields.values())])
-        return search_id
+            con.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                        [_sql_value(v) for v in fields.values()])
 
-    def finish_capacity(self, search_id: str, status: str, reason: str | None = None, **fields: Any) -> None:
-        fields |= {"status": status, "reason": reason, "ended_at": now()}
+    def _update(self, table: str, key: dict[str, Any], fields: dict[str, Any]) -> None:
         sets = ", ".join(f"{k} = ?" for k in fields)
+        where = " AND ".join(f"{k} = ?" for k in key)
         with self.connect() as con:
-            con.execute(f"UPDATE capacities SET {sets} WHERE search_id = ?",
-                        [*(_sql_value(v) for v in fields.values()), search_id])
+            con.execute(f"UPDATE {table} SET {sets} WHERE {where}",
+                        [*(_sql_value(v) for v in fields.values()), *key.values()])
 
-    def capacities(self, experiment: str | None = None, trial_key: str | None = None):
-        """Capacity searches, newest first (empty when none were run)."""
+    def _select(self, table: str, order: str, **equal: Any):
+        """Rows of `table` whose columns equal the given values (None: any), in `order` (empty when none)."""
         import pandas as pd
 
-        where, params = [], []
-        for col, val in (("experiment", experiment), ("trial_key", trial_key)):
-            if val is not None:
-                where.append(f"{col} = ?")
-                params.append(val)
-        df = self._query(f"SELECT * FROM capacities {'WHERE ' + ' AND '.join(where) if where else ''} "
-                         "ORDER BY started_at DESC", params)
+        where = [(col, val) for col, val in equal.items() if val is not None]
+        sql = f"SELECT * FROM {table} {'WHERE ' + ' AND '.join(f'{c} = ?' for c, _ in where) if where else ''}"
+        df = self._query(f"{sql} ORDER BY {order}", [v for _, v in where])
         return df if df is not None else pd.DataFrame()
 
-    def capacity_points(self, search_ids: Sequence[str]):
-        """The load points (runs) of capacity searches, in the order they were measured."""
+    def _linked_runs(self, column: str, ids: Sequence[str], order: str):
+        """The runs that are pieces of larger measurements (a search's load points, a soak's windows)."""
         import pandas as pd
 
         df = self._query("SELECT * EXCLUDE (summary_json, info_json, config_json, workload_json, exec_argv_json) "
-                         "FROM runs WHERE search_id IN (SELECT unnest(?)) ORDER BY search_id, point_index",
-                         [list(search_ids)])
+                         f"FROM runs WHERE {column} IN (SELECT unnest(?)) ORDER BY {column}, {order}", [list(ids)])
         return df if df is not None else pd.DataFrame()
 
-    # --- adaptive searches ------------------------------------------------------------------------------
+    def begin_capacity(self, **fields: Any) -> str:
+        """Insert a capacity search's row (status running) before its server starts; returns its id."""
+        search_id = fields.pop("search_id", None) or "cap-" + new_run_id()
+        self._insert("capacities", {"search_id": search_id, **fields, "status": "running", "started_at": now()})
+        return search_id
+
+    def finish_capacity(self, search_id: str, status: str, reason: str | None = None, **fields: Any) -> None:
+        self._update("capacities", {"search_id": search_id},
+                     fields | {"status": status, "reason": reason, "ended_at": now()})
+
+    def capacities(self, experiment: str | None = None, trial_key: str | None = None):
+        """Capacity searches, newest first (empty when none were run)."""
+        return self._select("capacities", "started_at DESC", experiment=experiment, trial_key=trial_key)
+
+    def capacity_points(self, search_ids: Sequence[str]):
+        """The load points (runs) of capacity searches, in the order they were measured."""
+        return self._linked_runs("search_id", search_ids, "point_index")
+
     def add_search_trial(self, **fields: Any) -> None:
-        fields.setdefault("started_at", now())
-        cols = list(fields)
-        with self.connect() as con:
-            con.execute(f"INSERT INTO search_trials ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                        [_sql_value(v) for v in fields.values()])
+        self._insert("search_trials", {"started_at": now(), **fields})
 
     def finish_search_trial(self, study: str, number: int, state: str, **fields: Any) -> None:
-        fields |= {"state": state, "ended_at": now()}
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        with self.connect() as con:
-            con.execute(f"UPDATE search_trials SET {sets} WHERE study = ? AND number = ?",
-                        [*(_sql_value(v) for v in fields.values()), study, number])
+        self._update("search_trials", {"study": study, "number": number},
+                     fields | {"state": state, "ended_at": now()})
 
     def search_trials(self, study: str | None = None, experiment: str | None = None):
         """A search's suggestions in the order they were made (empty when none)."""
-        import pandas as pd
+        return self._select("search_trials", "study, number", study=study, experiment=experiment)
 
-        where, params = [], []
-        for col, val in (("study", study), ("experiment", experiment)):
-            if val is not None:
-                where.append(f"{col} = ?")
-                params.append(val)
-        df = self._query(f"SELECT * FROM search_trials {'WHERE ' + ' AND '.join(where) if where else ''} "
-                         "ORDER BY study, number", params)
-        return df if df is not None else pd.DataFrame()
+    def begin_soak(self, **fields: Any) -> str:
+        """Insert a soak's row (status running) before its server starts; returns its id."""
+        soak_id = fields.pop("soak_id", None) or "soak-" + new_run_id()
+        self._insert("soaks", {"soak_id": soak_id, **fields, "status": "running", "started_at": now()})
+        return soak_id
+
+    def update_soak(self, soak_id: str, **fields: Any) -> None:
+        self._update("soaks", {"soak_id": soak_id}, fields)
+
+    def soaks(self, experiment: str | None = None, soak_id: str | None = None):
+        """Soaks, newest first (empty when none were run)."""
+        return self._select("soaks", "started_at DESC", experiment=experiment, soak_id=soak_id)
+
+    def soak_windows(self, soak_ids: Sequence[str]):
+        """The windows (runs) of soaks, in the order they were measured."""
+        return self._linked_runs("soak_id", soak_ids, "soak_window")
 
     def experiments(self) -> list[str]:
         df = self._query("SELECT DISTINCT experiment FROM runs WHERE experiment IS NOT NULL ORDER BY 1")

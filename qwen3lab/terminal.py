@@ -503,3 +503,44 @@ def compare_table(df, a_label: str, b_label: str) -> Table:
                   f"{fmt.format(r['difference'])} ({fmt.format(r['low'])} .. {fmt.format(r['high'])})",
                   f"{_num(r['change_pct'], '{:+.1f}')}%", r["verdict"])
     return t
+
+
+class SoakProgress(_Bar):
+    """soak.run_soak as a bar over the soak's duration and one line per window."""
+
+    def __init__(self, console):
+        super().__init__(console)
+        self.started_at = None
+
+    def window(self, w, result) -> None:
+        import time
+
+        if self.task is None:
+            self.started_at = time.monotonic()
+            self.task = self.bar.add_task(f"soak {result.soak_id}", total=None)
+        s = w.summary or {}
+        self.bar.console.print(
+            f"window {w.index + 1} (server start {w.server_start}): {w.status}"
+            + (f", {s.get('completed', 0)} requests, {_num(s.get('output_throughput'), '{:.0f}')} tok/s, "
+               f"P95 TTFT {_num(s.get('p95_ttft_ms'), '{:.0f}')} ms" if s else "")
+            + (f" ({w.reason})" if w.reason else ""), highlight=False, markup=False)
+        self.bar.update(self.task, completed=len(result.windows),
+                        description=f"soak {result.soak_id}: {len(result.windows)} windows, "
+                        f"{result.restarts} restarts, {time.monotonic() - self.started_at:.0f} s")
+
+
+def soak_table(result) -> Table:
+    """The soak's counts, then its drift: each metric's first and last window, the change and its interval."""
+    t = Table(title=f"Soak {result.soak_id} of {result.trial.chapter}/{result.trial.name}: {result.status}"
+              + (f" ({result.reason})" if result.reason else ""), box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("metric", "first window", "last window", "change", "95% interval", "drift?"):
+        t.add_column(name, justify="left" if name in ("metric", "drift?") else "right")
+    t.add_row("windows / server starts", str(len(result.windows)), str(result.server_starts), "", "", "")
+    t.add_row("crashes / OOMs", str(result.crashes), str(result.ooms), "", "", "")
+    for metric, m in (result.drift.get("metrics") or {}).items():
+        t.add_row(metric, _num(m["first"], "{:.3g}"), _num(m["last"], "{:.3g}"), _num(m["change_pct"], "{:+.1f}%"),
+                  f"[{_num(m['low'], '{:+.1f}')}, {_num(m['high'], '{:+.1f}')}]%",
+                  "drift" if metric in result.drift.get("drift", []) else "noise")
+    if result.drift.get("note"):
+        t.caption = result.drift["note"]
+    return t

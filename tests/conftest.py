@@ -29,8 +29,13 @@ def tiny_server(tmp_path_factory):
     from qwen3lab.measure import engine
 
     log = tmp_path_factory.mktemp("server") / "server.log"
+    before = {p.pid for p in vllm_processes()}
     with engine.launch(tiny_config(), log, ready_timeout_s=600) as server:
-        yield server
+        SHARED_SERVER_PIDS.update(p.pid for p in vllm_processes() if p.pid not in before)
+        try:
+            yield server
+        finally:
+            SHARED_SERVER_PIDS.clear()
 
 
 @pytest.fixture
@@ -40,15 +45,25 @@ def store(tmp_path):
     return Store(tmp_path / "test.duckdb")
 
 
+def spooled_requests(runs_dir) -> int:
+    """Requests the runs under runs_dir have finished so far: the spool has them at once, DuckDB after the load."""
+    from qwen3lab.spool import Spool
+
+    return sum(len(Spool(p).read().requests) for p in Path(runs_dir).glob("*/spool.jsonl"))
+
+
+SHARED_SERVER_PIDS: set[int] = set()  # the session's tiny_server: it outlives every test, by design
+
+
 def vllm_processes() -> list:
-    """vLLM server processes started by this test process (children, at any depth)."""
+    """vLLM server processes started by this test process (children, at any depth), but the shared tiny_server."""
     import psutil
 
     me = psutil.Process(os.getpid())
     out = []
     for p in me.children(recursive=True):
         try:
-            if "vllm" in " ".join(p.cmdline()):
+            if "vllm" in " ".join(p.cmdline()) and p.pid not in SHARED_SERVER_PIDS:
                 out.append(p)
         except psutil.Error:
             pass

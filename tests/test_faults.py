@@ -24,7 +24,7 @@ from qwen3lab.measure import engine
 from qwen3lab.spool import Spool
 from qwen3lab.store import Store
 
-from .conftest import REPO, TINY
+from .conftest import REPO, TINY, spooled_requests
 
 TOKENIZER = str(engine.resolve_model_path("builtin:qwen3-tiny"))
 
@@ -57,10 +57,6 @@ def start_run(exp: Path, db: Path, runs: Path, **env) -> subprocess.Popen:
 def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
     out, _ = proc.communicate(timeout=timeout)
     return out
-
-
-def spooled_requests(runs: Path) -> int:
-    return sum(len(Spool(p).read().requests) for p in runs.glob("*/spool.jsonl"))
 
 
 def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen | None = None):
@@ -164,7 +160,7 @@ def test_disk_full_keeps_the_rows_and_the_next_start_stores_them(tiny_server, tm
 
 
 def test_db_held_by_another_process(tiny_server, tmp_path):
-    exp = endpoint_experiment(tmp_path, tiny_server, num_requests=30)
+    exp = endpoint_experiment(tmp_path, tiny_server, num_requests=150)  # still sending when the holder has the file
     db, runs = tmp_path / "locked.duckdb", tmp_path / "runs"
     proc = start_run(exp, db, runs, QWEN3LAB_LOCK_WAIT_S="2")
     wait_for(lambda: spooled_requests(runs) >= 2, 600, "2 spooled requests", proc)
@@ -182,7 +178,7 @@ def test_db_held_by_another_process(tiny_server, tmp_path):
     out = " ".join(finish(start_run(exp, db, runs)).split())
     assert "recovered run" in out, out
     (row,) = trial_runs(db).to_dict("records")
-    assert row["status"] == "ok" and Store(db).request_counts([row["run_id"]]) == {row["run_id"]: 30}
+    assert row["status"] == "ok" and Store(db).request_counts([row["run_id"]]) == {row["run_id"]: 150}
 
 
 def test_two_sweeps_on_one_db_never_run_a_trial_twice(tiny_server, tmp_path):
@@ -195,7 +191,7 @@ def test_two_sweeps_on_one_db_never_run_a_trial_twice(tiny_server, tmp_path):
     assert first.returncode == 0 and second.returncode == 0, outs
     assert any("held by run" in o and "not run twice" in o for o in outs), outs
     df = trial_runs(db)
-    assert sorted(df.trial) == ["a", "b"] and set(df.status) == {"ok"}  # one run each, both measured
+    assert sorted(df.trial) == ["a", "b"] and set(df.status) == {"ok"}, (outs, df)  # one run each, both measured
 
 
 def _dashboard(tmp_path) -> tuple[subprocess.Popen, int]:
@@ -294,8 +290,6 @@ class DroppingProxy:
         self.thread.join(10)
 
 
-@pytest.mark.xfail(strict=True, reason="after main's loadgen rewrite (issue 16) a stream cut mid-answer is stored "
-                   "as a success (no error); passed before that merge. Fix in measure/loadgen.py, then drop this mark")
 def test_endpoint_that_drops_connections_mid_stream(tiny_server, tmp_path):
     """Requests cut mid-stream are stored as failed with their error; the others are measured; the next
     trial proceeds."""
@@ -317,6 +311,7 @@ def test_endpoint_that_drops_connections_mid_stream(tiny_server, tmp_path):
     kept = store.requests([result.run_id])
     failed = kept[kept.error.notna()]
     assert len(kept) == 16 and 1 <= len(failed) < 16, kept[["idx", "error"]]
+    assert failed.error.str.contains("stream cut before \\[DONE\\]").all(), failed.error.tolist()
     assert result.status == "ok" and f"{len(failed)} requests failed" in result.reason
     cfg = EndpointConfig(kind="endpoint", url=tiny_server.base_url, model=tiny_server.model_name, tokenizer=TOKENIZER)
     after = runner.run_trial(Trial(experiment="faults", name="after", engine=cfg,

@@ -51,7 +51,7 @@ def test_endpoint_run_times_streams_like_vllm_bench_serve(tiny_server, tmp_path)
     assert _faithful(_best(rows)), (_best(rows), rows)
 
 
-def test_flusher_keeps_storage_and_progress_off_the_loop(store):
+def test_flusher_keeps_storage_and_progress_off_the_loop(store, tmp_path):
     """The loop only appends; progress comes from the flusher's thread; DuckDB is written after the load (or
     every FLUSH_EVERY_S in a long one), everything stored exactly once."""
     import threading
@@ -59,7 +59,9 @@ def test_flusher_keeps_storage_and_progress_off_the_loop(store):
 
     from qwen3lab.measure import runner
     from qwen3lab.measure.loadgen import RequestRecord
+    from qwen3lab.spool import Spool
 
+    spool = Spool(tmp_path / "spool.jsonl")
     run_id = store.begin_run(experiment="e", chapter="c", trial="t", config_json={})
     shown, threads = [], set()
 
@@ -72,7 +74,7 @@ def test_flusher_keeps_storage_and_progress_off_the_loop(store):
         r.ttft, r.e2el, r.chunk_times, r.prompt_tokens, r.output_tokens = 0.01, 0.04, [0.01, 0.02, 0.04], 8, 4
         return r
 
-    with runner._Flusher(store, run_id, progress) as flusher:
+    with runner._Flusher(store, spool, run_id, progress) as flusher:
         for i in range(10):
             flusher.add(rec(i))
         time.sleep(runner.PROGRESS_EVERY_S * 2.5)
@@ -82,3 +84,4 @@ def test_flusher_keeps_storage_and_progress_off_the_loop(store):
         flusher.add(rec(10))
     stored = store.requests([run_id], measured_only=False)
     assert sorted(stored.idx) == list(range(11)) and sum(shown) == 9
+    assert sorted(r["idx"] for r in spool.read().requests) == list(range(11))  # the spool has each one once

@@ -13,9 +13,9 @@ LAYERS = [
      "measure.workload", "measure.telemetry", "measure.engine", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
-     "measure.router"],
+     "analysis.drift", "measure.router"],
     ["measure.loadgen", "measure.topology", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
-     "measure.ray_search", "measure.capacity", "measure.search"],
+     "measure.ray_search", "measure.capacity", "measure.search", "measure.soak"],
     ["analysis.export", "analysis.importers", "analysis.plots", "analysis.wording", "analysis.efficiency"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
      "dashboard_launch", "cli", "__main__", "kuberay"],

@@ -94,3 +94,36 @@ def test_threads_of_one_process_write_and_read_together(tmp_path):
         t.join()
     assert not errors, errors[:3]
     assert len(Store(path).samples([run_id])) == 5 * 400
+
+
+def test_claim_counts_another_processes_launch_since_the_caller_looked(store):
+    """Two sweeps on one file: a launch another live qwen3lab began, or finished, after this one looked for the
+    trial's runs is not run again; one it cut short is, and this process's own earlier launches never block."""
+    import psutil
+
+    from qwen3lab.store import Owner, now
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        them = Owner(other.pid, Owner.me().host, psutil.Process(other.pid).create_time())
+        theirs = store.claim_run("k", now(), them, experiment="e", chapter="c", trial="t").run_id
+        looked = now()  # we plan while theirs runs ...
+        store.finish_run(theirs, "ok")  # ... and it finishes before we claim
+        claim = store.claim_run("k", looked, Owner.me(), experiment="e", chapter="c", trial="t")
+        assert claim.run_id is None and claim.held_by["run_id"] == theirs and "finished it meanwhile" in claim.reason
+
+        cut = store.claim_run("k2", now(), them, experiment="e", chapter="c", trial="t2").run_id
+        looked = now()
+        store.finish_run(cut, "interrupted", "stopped")
+        assert store.claim_run("k2", looked, Owner.me(), experiment="e", chapter="c", trial="t2").run_id
+
+        looked = now()
+        mine = store.claim_run("k3", looked, Owner.me(), experiment="e", chapter="c", trial="t3").run_id
+        store.finish_run(mine, "ok")
+        again = store.claim_run("k3", looked, Owner.me(), experiment="e", chapter="c", trial="t3").run_id
+        assert again and again != mine  # repeats: a second launch of our own
+        held = store.claim_run("k3", looked, them, experiment="e", chapter="c", trial="t3")
+        assert held.run_id is None and held.held_by["run_id"] == again and "still running" in held.reason
+    finally:
+        other.kill()
+        other.wait()

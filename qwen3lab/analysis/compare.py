@@ -234,7 +234,7 @@ def chapter_trials(store: Store, experiment: str, chapter: str | None = None,
     Not only the current definition of each name (selection.current): a smoke run with fewer requests is its
     own trial, set only against runs of its own comparability key, and never hides the full measurement.
     """
-    runs = store.runs(experiment=experiment, chapter=chapter)
+    runs = selection.standalone(store.runs(experiment=experiment, chapter=chapter))
     runs = runs[runs.status.isin(selection.MEASURED)] if not runs.empty else runs
     if runs.empty:
         return []

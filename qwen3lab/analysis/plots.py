@@ -236,6 +236,37 @@ def window_figure(windows: pd.DataFrame, labels: dict[str, str],
     return fig
 
 
+SOAK_PANELS = {"latency (ms)": {"median_ttft_ms": "median TTFT", "p95_ttft_ms": "P95 TTFT", "p99_ttft_ms": "P99 TTFT",
+                                "p99_tpot_ms": "P99 TPOT"},
+               "output throughput (tok/s)": {"output_throughput": "output tok/s"},
+               "memory (MiB)": {"server_rss_mib": "server RSS", "peak_gpu_memory_mib": "GPU memory (peak)"},
+               "KV cache and preemptions": {"kv_cache_usage": "KV cache usage (0-1, mean)",
+                                            "preemptions": "preemptions in the window"}}
+
+
+def soak_figure(windows: pd.DataFrame):
+    """A soak's windows over time, one panel per concern; a window that did not end ok is marked red."""
+    from plotly.subplots import make_subplots
+
+    go = _go()
+    if windows.empty:
+        return _empty(go.Figure(), "No windows stored for this soak yet")
+    fig = make_subplots(rows=len(SOAK_PANELS), cols=1, shared_xaxes=True, subplot_titles=list(SOAK_PANELS),
+                        vertical_spacing=0.07)
+    x = windows.start_s / 3600 if windows.start_s.max() >= 7200 else windows.start_s
+    for row, columns in enumerate(SOAK_PANELS.values(), start=1):
+        for col, label in columns.items():
+            if windows[col].notna().any():
+                fig.add_trace(go.Scatter(x=x, y=windows[col], mode="lines+markers", name=label), row=row, col=1)
+    for at, status in zip(x, windows.status):
+        if status != "ok":  # a crash, an OOM, an interrupted window: the server was started again after it
+            fig.add_vline(x=at, line_color="red", line_dash="dot", annotation_text=status)
+    unit = "hours" if windows.start_s.max() >= 7200 else "seconds"
+    fig.update_xaxes(title_text=f"{unit} since the first window", row=len(SOAK_PANELS), col=1)
+    fig.update_layout(title="Soak windows over time: drift shows as a slope", height=220 * len(SOAK_PANELS))
+    return fig
+
+
 def _empty(fig, message: str):
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_layout(xaxis_visible=False, yaxis_visible=False, height=200)

@@ -1,7 +1,8 @@
 """Which stored run stands for a trial: one key, one tie rule, one status vocabulary for everybody.
 
 Runs are grouped by `trial_key` (the trial's full definition: the same name with other settings is another
-trial). Of a trial's runs, the one that stands is the newest ok run; without one, the newest run that ended
+trial); a capacity search's load points and a soak's windows stand for no trial. Of a trial's runs, the one that
+stands is the newest ok run; without one, the newest run that ended
 (failed, oom, timeout, crashed, skipped); without one, the newest run (running or interrupted). Equal start
 times are broken by run_id. A run without a trial_key (none so far) stands for itself.
 
@@ -18,6 +19,20 @@ FAILED = ("failed", "oom", "timeout", "crashed")  # run again only when asked (-
 SKIPPED = ("skipped",)  # could not run where it was judged: judged again where it can
 FINISHED = MEASURED + SKIPPED  # done: resume does not run these again
 ENDED = FINISHED + FAILED  # the run has an outcome (not running, not interrupted)
+# A capacity search's load point or a soak's window is a piece of a larger measurement, with a workload of its
+# own: it stands for no trial (its own pages show it), so no comparison, ranking or resume counts it.
+PIECE_OF = ("search_id", "soak_id")
+
+
+def standalone(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that each measure a trial on their own (see PIECE_OF)."""
+    if runs is None or runs.empty:
+        return runs
+    piece = pd.Series(False, index=runs.index)
+    for col in PIECE_OF:
+        if col in runs:
+            piece |= runs[col].notna()
+    return runs[~piece]
 
 
 def standing(runs: pd.DataFrame, trial_keys: list[str] | None = None) -> pd.DataFrame:
@@ -25,6 +40,7 @@ def standing(runs: pd.DataFrame, trial_keys: list[str] | None = None) -> pd.Data
     `trial_keys` when given (only those trials), else oldest first."""
     if runs is None or runs.empty:
         return pd.DataFrame() if runs is None else runs
+    runs = standalone(runs)
     df = runs if trial_keys is None else runs[runs.trial_key.isin(trial_keys)]
     if df.empty:
         return df.reset_index(drop=True)

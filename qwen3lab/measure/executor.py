@@ -23,6 +23,7 @@ from qwen3lab.experiment.spec import Trial
 from qwen3lab.measure import runner
 from qwen3lab.measure.runner import TrialResult
 from qwen3lab.store import Store
+from qwen3lab.store import now as store_now
 
 
 @dataclass
@@ -196,6 +197,7 @@ def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_fa
         listener.recovered(run)
     results: list[TrialResult] = []
     needed, verdict_of = [], {}
+    looked = store_now()  # a launch another qwen3lab begins after this is one of ours: not run twice
     for verdict in planned.verdicts:
         n, done = launches_left(store, verdict.trial, retry_failed, runnable_here=verdict.ok, fresh=fresh)
         needed.append(n)
@@ -220,7 +222,7 @@ def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_fa
         listener.repeat(trial, round_)
         listener.launching(trial, verdict)
         result = runner.run_trial(trial, store, runs_dir, experiment_path=planned.path, notebook_path=notebook_path,
-                                  machine=planned.machine, gpu_id=planned.experiment.gpu, verdict=verdict,
+                                  machine=planned.machine, gpu_id=planned.experiment.gpu, verdict=verdict, since=looked,
                                   progress=lambda n, t=trial: listener.requests_done(t, n), log=listener.log)
         listener.finished(result)
         results.append(result)

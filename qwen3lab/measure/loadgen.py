@@ -206,12 +206,14 @@ async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: Req
     """Send one request and time its stream, with vllm bench serve's rules (see the module docstring)."""
     chunks = rec.chunk_times
     st = time.perf_counter()
+    ended = []  # vLLM ends every stream with `data: [DONE]`: a stream closed without it was cut
 
     def on_event(msg: bytes, now: float) -> None:
         if not msg.startswith(b"data:"):
             return  # SSE comments and keep-alives
         payload = msg[5:].strip()
         if payload == b"[DONE]":
+            ended.append(now)
             return
         if b'"choices"' in payload and _EMPTY_CHOICES[0] not in payload and _EMPTY_CHOICES[1] not in payload:
             chunks.append(now - st)
@@ -239,6 +241,8 @@ async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: Req
             rec.error = f"HTTP {proto.status}: {proto.body[:500].decode(errors='replace')}"
         elif exc is not None and rec.error is None:
             rec.error = f"{type(exc).__name__}: {exc}"[:500]
+        elif not ended and rec.error is None:
+            rec.error = f"stream cut before [DONE] after {len(chunks)} chunks (connection closed)"
         if chunks:
             rec.ttft, rec.e2el = chunks[0], chunks[-1]
         elif rec.error is None:

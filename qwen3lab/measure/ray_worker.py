@@ -23,6 +23,8 @@ SPOOL_NAME = "relay.jsonl"  # beside the runner's own spool.jsonl of the run
 class Relay:
     """The write half of store.Store, run on the node: every call becomes an event the driver replays."""
 
+    flush_every_s = BATCH_S  # an event is a list append: rows go to the driver during the load, not after it
+
     def __init__(self, runs_dir: Path, overrides: dict[str, Any], node: dict[str, Any]):
         self.runs_dir, self.overrides, self.node = runs_dir, overrides, node
         self.events: list[tuple] = []

@@ -5,6 +5,9 @@ start), oom, timeout (no /health), crashed (died during the load), skipped (cann
 interrupted (Ctrl-C). Finished requests are stored right after the load (every FLUSH_EVERY_S during a long
 one), also when it ends in an error or Ctrl-C: nothing is stored, scraped or drawn on the loop that times the
 streams (issue 16; bench/fidelity_bench.py measures it).
+
+Lines: a little over 450 because the run's life (claim, measure, finish) and the flusher that keeps storage
+off the load's loop are one concept: a trial's launches, capacity points and soak windows all go through it.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from qwen3lab import __version__
@@ -125,11 +129,13 @@ class _Flusher:
 
     def _loop(self) -> None:
         last_flush = time.monotonic()
+        # A store whose writes cost nothing during the load (the Ray relay) says how often it wants them.
+        every = getattr(self.store, "flush_every_s", FLUSH_EVERY_S)
         while not self.stop.wait(PROGRESS_EVERY_S):
             self.show()
             try:
                 self.spool_new()
-                if time.monotonic() - last_flush >= FLUSH_EVERY_S:
+                if time.monotonic() - last_flush >= every:
                     self.flush()
                     last_flush = time.monotonic()
             except OSError:
@@ -234,14 +240,16 @@ class Begun:
 
 def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, notebook_path: str | None = None,
               machine: preflight.Machine | None = None, gpu_id: str | None = None,
-              verdict: preflight.Verdict | None = None, runs_dir: str | Path = "runs", **link) -> Begun:
+              verdict: preflight.Verdict | None = None, runs_dir: str | Path = "runs",
+              since: datetime | None = None, **link) -> Begun:
     """Pre-flight (unless the caller's `verdict` judged it already), then the run row: skipped with the reason,
     or claimed (status running, this process its owner) unless another live qwen3lab holds the trial.
-    Raises SpecErrors first.
+    Raises SpecErrors first. `since` is when the caller looked for the trial's earlier runs (the executor's
+    plan): a run another qwen3lab began after it counts as this launch, even if it has finished meanwhile.
 
     `link` are extra run columns, e.g. a capacity point's search_id, point_index, offered_load and the log of
     the server it shares (log_path)."""
-    entered = store_now()  # a run of this trial begun after this moment by another qwen3lab: not run twice
+    entered = since or store_now()  # a run of this trial begun after this by another qwen3lab: not run twice
     probe = hardware.probe()
     if verdict is None:
         verdict = preflight.check(trial, machine or preflight.Machine.local(), gpu_id)
@@ -383,11 +391,12 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
               notebook_path: str | None = None, machine: preflight.Machine | None = None,
               progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
               ready_timeout_s: float = 900.0, gpu_id: str | None = None,
-              verdict: preflight.Verdict | None = None) -> TrialResult:
+              verdict: preflight.Verdict | None = None, since: datetime | None = None) -> TrialResult:
     """Run one trial and store everything about it. Raises SpecErrors (before any launch) for a bad trial.
-    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan).
+    `verdict` is the trial's pre-flight verdict when the caller judged it already (executor.plan); `since`
+    when it looked for the trial's earlier runs (begin_run).
     A trial another live qwen3lab holds is not run: its result has status `held`."""
-    begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id, verdict, runs_dir)
+    begun = begin_run(trial, store, experiment_path, notebook_path, machine, gpu_id, verdict, runs_dir, since)
     if begun.skipped:
         return TrialResult(trial, begun.run_id, "skipped", begun.skipped)
     if begun.held:
