@@ -221,13 +221,15 @@ def test_dashboard_stopped_leaves_no_child_and_no_port(tmp_path, sig):
 class DroppingProxy:
     """A real TCP proxy in front of the session's vLLM server that cuts every `every`-th streamed request's
     connection once its answer has started (600 bytes in): a load balancer or a network dropping connections
-    mid-stream."""
+    mid-stream. With `hang_after=N`, from the N-th request on it forwards nothing more and keeps every
+    connection open once an answer has started: a server that is healthy, then sends no tokens (hung)."""
 
-    def __init__(self, upstream_port: int, every: int):
+    def __init__(self, upstream_port: int, every: int = 0, hang_after: int | None = None):
         import asyncio
         import threading
 
         self.upstream_port, self.every, self.seen, self.drops = upstream_port, every, 0, 0
+        self.hang_after = hang_after
         self.loop = asyncio.new_event_loop()
         self.port = engine.free_port()
         self.ready = threading.Event()
@@ -247,7 +249,9 @@ class DroppingProxy:
                     while data := await client_r.read(4096):
                         if data.startswith(b"POST /v1/"):  # a new streamed request on this connection
                             self.seen += 1
-                            state.update(answer=0, cut=self.seen % self.every == 0)
+                            cut = (self.seen >= self.hang_after if self.hang_after is not None
+                                   else self.seen % self.every == 0)
+                            state.update(answer=0, cut=cut)
                         up_w.write(data)
                         await up_w.drain()
                 except (ConnectionError, OSError):
@@ -260,12 +264,16 @@ class DroppingProxy:
                     while data := await up_r.read(256):
                         state["answer"] += len(data)
                         if state["cut"] and state["answer"] > 600:  # mid-stream: tokens have started
+                            if self.hang_after is not None:
+                                continue  # hung: the bytes go nowhere, the connection stays open
                             self.drops += 1
                             client_w.transport.abort()
                             up_w.transport.abort()
                             return
                         client_w.write(data)
                         await client_w.drain()
+                    if state["cut"] and self.hang_after is not None:
+                        await asyncio.sleep(3600)  # hung: the answer never ends (until the client gives up)
                 except (ConnectionError, OSError):
                     pass
                 finally:
@@ -283,10 +291,15 @@ class DroppingProxy:
             self.loop.run_until_complete(main())
         except BaseException:  # noqa: BLE001 - stopped by close()
             pass
+        finally:  # end the connections still open (a hung one sleeps) before the loop is dropped
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self.loop.close()
 
     def close(self):
-        self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)  # the thread then ends each connection, closes the loop
         self.thread.join(10)
 
 
@@ -315,6 +328,38 @@ def test_endpoint_that_drops_connections_mid_stream(tiny_server, tmp_path):
     assert result.status == "ok" and f"{len(failed)} requests failed" in result.reason
     cfg = EndpointConfig(kind="endpoint", url=tiny_server.base_url, model=tiny_server.model_name, tokenizer=TOKENIZER)
     after = runner.run_trial(Trial(experiment="faults", name="after", engine=cfg,
+                                   workload=small_workload(num_requests=4, concurrency=2)), store, tmp_path)
+    assert after.status == "ok" and after.summary["completed"] == 4
+
+
+def test_server_healthy_then_silent_is_stored_as_hung_within_the_stall_timeout(tiny_server, tmp_path):
+    """Healthy, then no tokens: the requests in flight fail after workload.stall_timeout_s (not the 600 s
+    request timeout), sending stops, the run is stored as timeout (hung) with what finished; the next trial runs."""
+    from qwen3lab.experiment.spec import EndpointConfig, Trial
+    from qwen3lab.measure import runner
+
+    from .conftest import small_workload
+
+    proxy = DroppingProxy(tiny_server.port, hang_after=6)
+    store = Store(tmp_path / "hung.duckdb")
+    workload = small_workload(num_requests=40, concurrency=2).model_copy(update={"stall_timeout_s": 3.0})
+    began = time.monotonic()
+    try:
+        cfg = EndpointConfig(kind="endpoint", url=f"http://127.0.0.1:{proxy.port}", model=tiny_server.model_name,
+                             tokenizer=TOKENIZER)
+        result = runner.run_trial(Trial(experiment="faults", name="hung", engine=cfg, workload=workload), store,
+                                  tmp_path)
+    finally:
+        proxy.close()
+    took = time.monotonic() - began
+    assert result.status == "timeout" and "hung: no token for 3 s" in result.reason, result.reason
+    assert took < 120, f"{took:.0f} s: the stall watch did not cut the load"
+    kept = store.requests([result.run_id], measured_only=False)
+    hung = kept[kept.error.fillna("").str.contains("the server hung")]
+    assert 1 <= len(hung) <= 2 and len(kept) < 40  # the requests in flight (concurrency 2); sending stopped
+    assert kept.error.isna().sum() >= 4  # what finished before the hang is kept
+    cfg = EndpointConfig(kind="endpoint", url=tiny_server.base_url, model=tiny_server.model_name, tokenizer=TOKENIZER)
+    after = runner.run_trial(Trial(experiment="faults", name="after-hung", engine=cfg,
                                    workload=small_workload(num_requests=4, concurrency=2)), store, tmp_path)
     assert after.status == "ok" and after.summary["completed"] == 4
 

@@ -160,6 +160,30 @@ def test_backend_down_at_start_is_named(backend, tmp_path):
         assert 'qwen3lab_router_errors_total{reason="unreachable",route="long"} 1.0' in text
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_router_stopped_leaves_no_child_and_no_port(backend, tmp_path, sig):
+    """docker stop / systemd send SIGTERM, the OOM killer SIGKILL: the router exits (SIGTERM: cleanly, at once),
+    its port is free, no process of it is left; its backend keeps serving."""
+    import psutil
+
+    port = engine.free_port()
+    cfg = router.RouterConfig({"short": backend.base_url, "long": backend.base_url}, THRESHOLD, port=port)
+    with router.launch(cfg, tmp_path / "router.log") as running:
+        status, _, _ = post(running.url, "/v1/completions", completion(backend.model_name, "hello"))
+        assert status == 200
+        proc = psutil.Process(running.process.pid)
+        tree = [proc, *proc.children(recursive=True)]
+        os.kill(proc.pid, sig)
+        code = running.process.wait(timeout=30)
+        assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), code
+    deadline = time.monotonic() + 20
+    while not engine.port_is_free(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine.port_is_free(port)
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert backend.alive()
+
+
 def test_backend_killed_mid_stream_ends_the_stream_with_an_error(backend, routed):
     """Kills this module's server: keep it the last test of the module."""
     parts = urllib.parse.urlsplit(routed)

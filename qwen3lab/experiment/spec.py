@@ -416,6 +416,13 @@ class Capacity(Strict):
 class Workload(Strict):
     """What the load generator sends, and when."""
 
+    # Fields added after trials were first stored, at their defaults: left out of Trial.key, so those trials
+    # keep their keys (and resume finds them).
+    _LATER_FIELDS = {"capacity": None, "stall_timeout_s": 120.0}
+
+    def unset_since_keys(self) -> set[str]:
+        return {name for name, default in self._LATER_FIELDS.items() if getattr(self, name) == default}
+
     api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions.")
     mix: str | list[RequestClass] = Field(
         "fixed-128", description="A named mix (see `qwen3lab.measure.workload.MIXES`) or a list of request classes."
@@ -440,6 +447,9 @@ class Workload(Strict):
     )
     seed: int = Field(0, description="Seed for lengths, words, classes and arrival gaps: same seed, same bytes.")
     request_timeout_s: float = Field(600.0, gt=0, description="A request that takes longer is recorded as failed.")
+    stall_timeout_s: float = Field(
+        120.0, gt=0, description="A server that sends no byte to any request in flight for this long is hung: those "
+        "requests are failed and the run stops sending (status timeout). Raise it for prompts whose prefill is longer.")
     scrape_interval_s: float = Field(1.0, gt=0, description="How often /metrics is scraped during the load.")
     capacity: Capacity | None = Field(
         None, description="Measure capacity (`qwen3lab capacity`): raise the load on one server until the SLOs fail, "
@@ -562,9 +572,7 @@ class Trial(Strict):
         return stable_hash({
             "experiment": self.experiment, "chapter": self.chapter, "name": self.name,
             "engine": self.engine.model_dump(mode="json"),
-            # capacity is left out while unset, so trials stored before it existed keep their keys
-            "workload": self.workload.model_dump(mode="json", exclude={"capacity"} if self.workload.capacity is None
-                                                 else None),
+            "workload": self.workload.model_dump(mode="json", exclude=self.workload.unset_since_keys() or None),
         })[:16]
 
 

@@ -59,9 +59,29 @@ class LoadResult:
     client_cpu_s: float  # CPU seconds this process spent during the measured load
     t0_perf: float  # time.perf_counter() when the measured load began: the origin of every `sent_at`
     loop_lag_s: list[float] = field(default_factory=list)  # how late each LAG_PROBE_S wake-up of the loop came
+    stalled: str | None = None  # why the load was cut: the server is up but sent nothing for stall_timeout_s
 
 
 LAG_PROBE_S = 0.02
+
+
+async def _watch_stalls(flights: list, stall_s: float, stalled: list[str]) -> None:
+    """A server that is up but sends nothing (hung) would hold every request for its whole request_timeout_s:
+    once no request in flight has had a byte for `stall_s`, each is failed and cancelled, and sending stops.
+
+    flights: (task, record, t0) of every request created; a record's times are relative to its t0."""
+    while True:
+        await asyncio.sleep(min(1.0, stall_s / 4))
+        now = time.perf_counter()
+        live = [(task, rec, t0) for task, rec, t0 in flights if not task.done() and rec.sent_at is not None]
+        quiet = [now - (t0 + rec.sent_at + (rec.chunk_times[-1] if rec.chunk_times else 0.0)) for _, rec, t0 in live]
+        if live and min(quiet) > stall_s:
+            stalled.append(f"hung: no token for {stall_s:g} s with {len(live)} requests in flight "
+                           f"(workload.stall_timeout_s); sending stopped")
+            for task, rec, _ in live:
+                rec.error = f"no token for {stall_s:g} s: the server hung"
+                task.cancel()
+            return
 
 
 async def _probe_loop_lag(lags: list[float]) -> None:
@@ -300,6 +320,10 @@ async def run_load(
             else:  # scheduled arrival: wait here for a slot, as vllm bench's max_concurrency does
                 async with sem:
                     await _one(host, port, ssl_ctx, head, body, rec, t0, workload.request_timeout_s)
+        except asyncio.CancelledError:
+            if stalled and on_done:  # failed by the stall watch: stored like any failed request
+                on_done(rec)
+            raise
         finally:
             if held:
                 sem.release()
@@ -311,11 +335,16 @@ async def run_load(
                              req.shared_prefix, warm)
 
     # One connection per request (Connection: close): nothing to pool, nothing to close at the end.
+    stalled: list[str] = []
+    flights: list = []  # (task, record, t0) for the stall watch
+    watch = asyncio.create_task(_watch_stalls(flights, workload.stall_timeout_s, stalled))
     t0 = time.perf_counter()
     if n_warm:
         warm = [record_for(r, True) for r in requests[:n_warm]]
         records += warm
-        await asyncio.gather(*(limited(r, rec, t0) for r, rec in zip(requests, warm)))
+        warm_tasks = [asyncio.create_task(limited(r, rec, t0)) for r, rec in zip(requests, warm)]
+        flights += [(task, rec, t0) for task, rec in zip(warm_tasks, warm)]
+        _raise_first(await asyncio.gather(*warm_tasks, return_exceptions=True))
     measured = requests[n_warm:]
     offsets = arrival_offsets(workload, len(measured))
     deadline = workload.duration_s
@@ -342,21 +371,31 @@ async def run_load(
                     await asyncio.sleep(delay)
             elif closed:
                 await sem.acquire()
-            if (deadline is not None and time.perf_counter() - t0 >= deadline) or (should_stop and should_stop()):
+            if stalled or (deadline is not None and time.perf_counter() - t0 >= deadline) or \
+                    (should_stop and should_stop()):
                 if closed:
                     sem.release()
-                break  # time is up, or the server is gone: stop sending, keep what finished
+                break  # time is up, the server is gone or hung: stop sending, keep what finished
             rec = record_for(req, False)
             if deadline is not None:
                 rec.index = n_warm + i
             records.append(rec)
             tasks.append(asyncio.create_task(limited(req, rec, t0, held=closed)))
+            flights.append((tasks[-1], rec, t0))
             i += 1
-        await asyncio.gather(*tasks)
+        _raise_first(await asyncio.gather(*tasks, return_exceptions=True))  # the stall watch cancels some
     finally:
-        for task in tasks + [probe]:
+        for task in tasks + [probe, watch]:
             task.cancel()
         gc.unfreeze()
     # vllm bench's duration: to the end of the load, so a request that failed or timed out still takes its time
     duration = time.perf_counter() - t0
-    return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags)
+    return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags,
+                      stalled[0] if stalled else None)
+
+
+def _raise_first(outcomes: list) -> None:
+    """gather(return_exceptions=True)'s results: a cancelled request is expected, any other error is raised."""
+    for got in outcomes:
+        if isinstance(got, Exception):
+            raise got

@@ -358,6 +358,8 @@ def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
               "comparability_key": comparable.comparability_key({**fields, **extra})}
     if not server.alive():
         status, reason = server.death()
+    elif result.stalled:  # up, but sent nothing for stall_timeout_s: stopped by the stall watch
+        status, reason = "timeout", result.stalled
     elif summary["completed"] == 0:
         status, reason = "failed", _first_error(result.records)
     else:
