@@ -80,7 +80,11 @@ def test_scraper_reads_vllm_metrics(tiny_server, tok):
         w = small_workload(num_requests=4, mix=[RequestClass(name="s", prompt_tokens=8, output_tokens=16)])
         time.sleep(0.5)  # a first scrape before the load
         _load(tiny_server, w, tok)
+        time.sleep(0.3)
+        live = list(scraper.so_far())  # during the load (a capacity point's saturation check reads these)
     elapsed = time.perf_counter() - t0
+    assert live and {name for _, _, name, _ in live} >= {"vllm:num_requests_waiting", "vllm:generation_tokens_total"}
+    assert live == scraper.samples[:len(live)]  # the same samples, in order, as the whole file read at the end
     series = {}
     for t, source, name, v in scraper.samples:
         assert source == "vllm" and 0 <= t <= elapsed

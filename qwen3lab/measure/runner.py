@@ -323,9 +323,9 @@ def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             sampler.start()
             # /metrics is scraped by a child process, never on the load's loop (see telemetry.MetricsScraper);
-            # its samples reach this process at the end, so a point's saturation check sees none during the load.
+            # a stop_when (a capacity point's saturation check) reads its file as it grows, once a second.
             with MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers) as scraper:
-                result = run_sync(_measure(server, requests, trial, done, stop_when, lambda: scraper.samples))
+                result = run_sync(_measure(server, requests, trial, done, stop_when, scraper.so_far))
             scraped = scraper.samples
             sampler.stop()
     finally:

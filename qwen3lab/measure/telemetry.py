@@ -72,6 +72,27 @@ class MetricsScraper:
         self.cpu_s = 0.0  # CPU seconds the scraper's process spent
         self._proc = None
         self._out = None
+        self._live: list[tuple[float, str, str, float]] = []
+        self._live_pos = 0
+        self._live_read_at = 0.0
+
+    def so_far(self) -> list[tuple[float, str, str, float]]:
+        """The samples scraped so far, during the load (a capacity point's saturation check reads them): new
+        whole lines of the child's file, read at most once per scrape interval, so the loop pays a read a second."""
+        now = time.perf_counter()
+        if self._out is None or now - self._live_read_at < self.interval_s:
+            return self._live
+        self._live_read_at = now
+        with open(self._out.name) as f:
+            f.seek(self._live_pos)
+            chunk = f.read()
+        whole = chunk[:chunk.rfind("\n") + 1]  # a line the child is still writing waits for the next read
+        self._live_pos += len(whole)
+        for line in whole.splitlines():
+            t, name, value = line.split("\t")
+            if not name.startswith("!"):
+                self._live.append((float(t) - self.t0, "vllm", name, float(value)))
+        return self._live
 
     def start(self) -> "MetricsScraper":
         import json
