@@ -42,6 +42,14 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _print(data, as_json: bool, table) -> None:
+    """A command's result: JSON on stdout, or the table `table()` builds."""
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    else:
+        console.print(table())
+
+
 @app.command()
 def run(
     experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
@@ -160,10 +168,7 @@ def capacity(
             results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
     except Qwen3LabError as exc:
         _fail(exc)
-    if as_json:
-        sys.stdout.write(json.dumps([r.as_dict() for r in results], indent=2, default=str) + "\n")
-    else:
-        console.print(terminal.capacity_table(results))
+    _print([r.as_dict() for r in results], as_json, lambda: terminal.capacity_table(results))
 
 
 @app.command()
@@ -193,11 +198,8 @@ def soak(
                                  on_window=listener.window, log=listener.bar.console.print)
     except Qwen3LabError as exc:
         _fail(exc)
-    if as_json:
-        sys.stdout.write(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
-    else:
-        console.print(terminal.soak_table(result))
-    if result.status not in ("ok",):
+    _print(result.as_dict(), as_json, lambda: terminal.soak_table(result))
+    if result.status != "ok":
         raise typer.Exit(1)
 
 
@@ -224,10 +226,7 @@ def search(
             result = se.run_search(str(experiment), db, str(runs_dir), budget_trials, budget_s, fresh, listener)
     except Qwen3LabError as exc:
         _fail(exc)
-    if as_json:
-        sys.stdout.write(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
-    else:
-        console.print(terminal.search_table(result))
+    _print(result.as_dict(), as_json, lambda: terminal.search_table(result))
 
 
 @app.command()
