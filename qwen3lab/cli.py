@@ -42,6 +42,13 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _check_executor(kind: str, address: str | None) -> None:
+    if kind not in ("local", "ray"):
+        _fail(Qwen3LabError(f"--executor {kind!r} is not one of local, ray"))
+    if address and kind != "ray":
+        _fail(Qwen3LabError("--address needs --executor ray"))
+
+
 def _print(data, as_json: bool, table) -> None:
     """A command's result: JSON on stdout, or the table `table()` builds."""
     if as_json:
@@ -67,10 +74,7 @@ def run(
     from qwen3lab.measure import executor
     from qwen3lab.store import Store
 
-    if executor_kind not in ("local", "ray"):
-        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
-    if address and executor_kind != "ray":
-        _fail(Qwen3LabError("--address needs --executor ray"))
+    _check_executor(executor_kind, address)
     try:
         on_ray = executor_kind == "ray"
         # On a cluster the trials are judged for the GPU the experiment names; each node judges its own again.
@@ -119,8 +123,7 @@ def sweep(
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     params = sw.parse_params(param)
-    if executor_kind not in ("local", "ray"):
-        _fail(Qwen3LabError(f"--executor {executor_kind!r} is not one of local, ray"))
+    _check_executor(executor_kind, address)
     small = sorted(set(params) & {"num_requests", "warmup_requests", "duration_s"})
     if executor_kind == "ray" and small:
         _fail(Qwen3LabError(f"-p {', '.join(small)} changes the trials the notebooks run, so the cluster's "
@@ -157,15 +160,24 @@ def capacity(
     runs_dir: Path = typer.Option(Path("runs"), help="Where server logs are kept."),
     fresh: bool = typer.Option(False, "--fresh", help="Measure again configurations whose capacity is stored."),
     as_json: bool = typer.Option(False, "--json", help="Print per trial: axis, capacity, interval, points measured."),
+    executor_kind: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
-    """Capacity of each trial: one server per configuration, load doubled to the first SLO failure, then bisected."""
+    """Capacity of each trial: one server per configuration, load doubled to the first SLO failure, then bisected.
+    With --executor ray each configuration's search is a Ray task (its server on one node, searches in parallel)."""
     from qwen3lab import terminal
     from qwen3lab.measure import capacity as cap
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
+    _check_executor(executor_kind, address)
     try:
         with terminal.CapacityProgress(err) as listener:
-            results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
+            if executor_kind == "ray":
+                from qwen3lab.measure import ray_executor
+
+                results = ray_executor.run_capacities(experiment, db, chapters, runs_dir, fresh, listener, address)
+            else:
+                results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
     except Qwen3LabError as exc:
         _fail(exc)
     _print([r.as_dict() for r in results], as_json, lambda: terminal.capacity_table(results))
@@ -212,18 +224,23 @@ def search(
     runs_dir: Path = typer.Option(Path("runs"), help="Where server logs are kept."),
     fresh: bool = typer.Option(False, "--fresh", help="Start a new study instead of resuming the stored one."),
     as_json: bool = typer.Option(False, "--json", help="Print the best configuration, its objective with interval, the history."),
+    executor_kind: str = EXECUTOR,
+    address: Optional[str] = ADDRESS,
 ):
-    """Adaptive search over launch flags (optuna): pre-flight prunes infeasible points, resumes from the DB."""
+    """Adaptive search over launch flags (optuna): pre-flight prunes infeasible points, resumes from the DB.
+    With --executor ray, as many suggestions are measured at once as the cluster has free slots."""
     import signal
 
     from qwen3lab import terminal
     from qwen3lab.measure import search as se
 
+    _check_executor(executor_kind, address)
     # SIGTERM stops like Ctrl-C: the running server is torn down and the trial stored as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with terminal.SearchProgress(err) as listener:
-            result = se.run_search(str(experiment), db, str(runs_dir), budget_trials, budget_s, fresh, listener)
+            result = se.run_search(str(experiment), db, str(runs_dir), budget_trials, budget_s, fresh, listener,
+                                   executor_kind, address)
     except Qwen3LabError as exc:
         _fail(exc)
     _print(result.as_dict(), as_json, lambda: terminal.search_table(result))

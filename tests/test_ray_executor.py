@@ -219,35 +219,39 @@ def test_search_asks_as_many_trials_as_free_slots_and_tells_each_result(cluster,
 
 
 def _search(tiny_server, tmp_path):
-    import optuna
+    import yaml
 
-    from qwen3lab.experiment.spec import EndpointConfig, Trial, Workload
-    from qwen3lab.measure import ray_search
+    from qwen3lab.experiment import files as xp
+    from qwen3lab.measure import search as se
     from qwen3lab.models import resolve_model_path
 
-    endpoint = EndpointConfig(kind="endpoint", url=tiny_server.base_url, model=tiny_server.model_name,
-                              tokenizer=str(resolve_model_path("builtin:qwen3-tiny")))
-
-    def make_trial(ask) -> Trial:
-        c = ask.suggest_int("concurrency", 1, 4)
-        return Trial(experiment="ray-search", chapter="search", name=f"trial-{ask.number}-c{c}", engine=endpoint,
-                     workload=Workload(num_requests=8, mix="fixed-128", concurrency=c, seed=ask.number))
-
-    db = str(tmp_path / "search.duckdb")
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
-    probe = make_trial(optuna.trial.FixedTrial({"concurrency": 1}))
-    slots = ray_executor.free_slots(ray, probe, "cpu")
+    path = tmp_path / "ray-search.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "ray-search", "gpu": "cpu",
+        "engine": {"kind": "endpoint", "url": tiny_server.base_url, "model": tiny_server.model_name,
+                   "tokenizer": str(resolve_model_path("builtin:qwen3-tiny"))},
+        "workload": {"num_requests": 8, "mix": "fixed-128", "concurrency": 1},
+        "slo": {"ttft_ms": 10000},
+        "search": {"space": {"workload.concurrency": {"low": 1, "high": 4}, "workload.seed": {"low": 0, "high": 99}},
+                   "objective": "goodput", "sampler": "random", "seed": 0, "budget": {"trials": 5}}}))
+    exp = xp.load(path)
+    slots = ray_executor.free_slots(ray, xp.trial_from(exp, exp.search.chapter, {}), "cpu")
     assert slots == 3  # one CPU on each of the three nodes: an endpoint trial needs only its load generator
-    results = ray_search.optimize(study, make_trial, lambda run: run["output_throughput"], 5, db, "cpu",
-                                  runs_dir=tmp_path / "runs")
-    assert [r.status for r in results] == ["ok"] * 5
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 5
-    stored = {r.trial.name: Store(db).run(r.run_id)["output_throughput"] for r in results}
-    assert sorted(t.value for t in study.trials) == sorted(stored.values())  # told what was stored
+    db = str(tmp_path / "search.duckdb")
+    result = se.run_search(str(path), db, str(tmp_path / "runs"), executor="ray")
+    assert [t.state for t in result.history] == ["complete"] * 5, [(t.state, t.reason) for t in result.history]
+    stored = Store(db)
+    for t in result.history:  # told what was stored
+        assert t.value == stored.run(t.run_id)["request_goodput"]
+    rows = stored.search_trials(result.study)
+    assert list(rows.state) == ["complete"] * 5 and rows.run_id.nunique() == 5
+    assert result.best.value == max(t.value for t in result.history)
     # In flight together, never more than the free slots: from the stored start and end times.
     spans = [(r["started_at"], r["ended_at"]) for r in runs_of(db)]
     most = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
     assert 2 <= most <= slots, spans
+    again = se.run_search(str(path), db, str(tmp_path / "runs"), executor="ray")  # resumed: budget spent
+    assert len(stored.runs()) == 5 and again.stopped == "budget of 5 trials spent"
 
 
 def test_cli_refuses_what_the_ray_executor_cannot_honour(tmp_path):
@@ -263,6 +267,37 @@ def test_cli_refuses_what_the_ray_executor_cannot_honour(tmp_path):
     got = cli("run", exp, "--executor", "dask", "--db", str(tmp_path / "x.duckdb"))
     assert got.returncode == 2 and "not one of local, ray" in got.stderr
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_capacity_searches_run_as_tasks_one_server_each_and_resume(cluster, tmp_path):
+    """`qwen3lab capacity --executor ray`: each configuration's search is one task, its points runs of one server
+    on one node, its row and every point stored by the driver; both searches at once on the two slot nodes."""
+    path = experiment(tmp_path, "ray-capacity", "{num_requests: 6, mix: fixed-128, capacity: {axis: concurrency, "
+                      "start: 1, max_points: 3, tolerance: 0.5, requests_per_point: 6, warmup_per_point: 1}}", """
+        main:
+          trials: [{name: seqs-2, engine.max_num_seqs: 2}, {name: seqs-8, engine.max_num_seqs: 8}]
+        """)
+    db = str(tmp_path / "cap.duckdb")
+    from qwen3lab.measure import capacity as cap
+
+    results = ray_executor.run_capacities(path, db, runs_dir=tmp_path / "runs")
+    assert [r.trial.name for r in results] == ["seqs-2", "seqs-8"]
+    store = Store(db)
+    nodes = set()
+    for r in results:
+        assert r.status in cap.SEARCH_DONE and len(r.points) >= 2, (r.status, r.reason)
+        (row,) = store.capacities(trial_key=r.trial.key).to_dict("records")
+        assert row["points"] == len(r.points) and row["server_starts"] == 1 and row["search_id"] == r.search_id
+        points = store.capacity_points([r.search_id])
+        assert list(points.point_index) == list(range(len(r.points))) and (points.completed > 0).all()
+        infos = [store.run(run_id)["info"]["ray"]["node_id"] for run_id in points.run_id]
+        assert len(set(infos)) == 1  # every point on the node whose server it was
+        nodes |= set(infos)
+        assert open(points.log_path.iloc[0]).read().count("# qwen3lab exec:") == 1  # one launch for all points
+    assert nodes <= {n.node_id for n in cluster[1]}
+    again = ray_executor.run_capacities(path, db, runs_dir=tmp_path / "runs")
+    assert [r.search_id for r in again] == [r.search_id for r in results]  # resumed: nothing measured again
+    assert len(store.capacities()) == 2 and vllm_processes() == []
 
 
 def test_node_lost_mid_trial_is_stored_lost_and_retried_elsewhere(cluster, tmp_path):

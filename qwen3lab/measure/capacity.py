@@ -355,11 +355,11 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     return results
 
 
-def resumed_result(trial: Trial, row: dict, store: Store) -> CapacityResult:
+def resumed_result(trial: Trial, row: dict, store: Store, why: str = "measured earlier") -> CapacityResult:
     """A stored search (a `capacities` row and its points) as the result it was."""
     pts = store.capacity_points([row["search_id"]])
     points = [Point(int(r.point_index), float(r.offered_load), r.run_id, r.status, r.point_verdict == "pass",
-                    None if r.attainment != r.attainment else float(r.attainment), "measured earlier",
+                    None if r.attainment != r.attainment else float(r.attainment), why,
                     {"p95_ttft_ms": r.p95_ttft_ms, "p95_tpot_ms": r.p95_tpot_ms, "request_goodput": r.request_goodput})
               for r in pts.itertuples()] if not pts.empty else []
     nan = lambda v: None if v is None or v != v else float(v)  # noqa: E731

@@ -6,7 +6,8 @@ clusters. The task runs runner.run_trial on its node (ray_worker) and streams it
 driver alone writes DuckDB. Faults: a node or worker lost mid-trial leaves its run stored as `lost` with the
 rows that arrived, and the trial is tried again on another node (MAX_ATTEMPTS in all); a driver stopped by
 SIGTERM or Ctrl-C marks its runs `interrupted`, and running it again resumes from DuckDB; a trial that needs
-resources no node has is a pre-flight error before anything runs.
+resources no node has is a pre-flight error before anything runs. `qwen3lab capacity --executor ray` runs each
+trial's capacity search as one such task (run_capacities).
 """
 from __future__ import annotations
 
@@ -140,10 +141,13 @@ class Flight:
     attempt: int
     gen: Any
     excluded: tuple[str, ...] = ()  # nodes lost under earlier attempts
-    run_id: str | None = None
+    run_id: str | None = None  # the newest run (a capacity search has one per load point)
     node: dict = field(default_factory=dict)
     requests: int = 0
     tag: Any = None  # the caller's handle (a search's optuna trial), kept across attempts
+    kind: str = "trial"  # or "capacity": the trial's capacity search, its points runs of one server
+    run_ids: list[str] = field(default_factory=list)
+    search_id: str | None = None
 
 
 def replay(store: Store, event: tuple, flight: Flight) -> dict | None:
@@ -152,6 +156,12 @@ def replay(store: Store, event: tuple, flight: Flight) -> dict | None:
     if kind == "begin_run":
         store.begin_run(run_id=run_id, **payload)
         flight.run_id, flight.node = run_id, payload["info_json"]["ray"]
+        flight.run_ids.append(run_id)
+    elif kind == "begin_capacity":
+        store.begin_capacity(search_id=run_id, **payload)
+        flight.search_id = run_id
+    elif kind == "finish_capacity":
+        store.finish_capacity(run_id, payload.pop("status"), payload.pop("reason"), **payload)
     elif kind == "update_run":
         store.update_run(run_id, **payload)
     elif kind == "finish_run":
@@ -211,6 +221,61 @@ def execute(planned, store: Store, address: str | None = None, runs_dir: str | P
     return sorted(results, key=lambda r: order[r.trial.key])
 
 
+class _CapacityListening:
+    """TrialPool's listener calls, told to a capacity.Listener (which hears of searches, not launches)."""
+
+    def __init__(self, listener):
+        self.inner = listener
+        self.log = listener.log
+
+    def launching(self, trial, verdict) -> None:
+        self.inner.launching(trial)
+
+    def requests_done(self, trial, count: int) -> None:
+        self.inner.requests_done(count)
+
+    def finished(self, result) -> None:
+        """The search's result is told once it is read back from DuckDB (run_capacities)."""
+
+
+def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
+                   fresh: bool = False, listener=None, address: str | None = None,
+                   max_attempts: int = MAX_ATTEMPTS) -> list:
+    """capacity.run_capacities on a Ray cluster: each trial's capacity search is one task (one server on one
+    node for all of its points), as many at once as the cluster has slots; resumes from DuckDB."""
+    from qwen3lab.measure import capacity as cap
+    from qwen3lab.measure import executor
+
+    listener = listener or cap.Listener()
+    planned = executor.plan(path, only, for_written_gpu=True)
+    planned.raise_errors()
+    store = Store(db)
+    gpu_id = planned.experiment.gpu
+    ray = connect(address)
+    errors = cluster_errors(planned.trials, gpu_id, ray.nodes())
+    if errors:
+        raise SpecErrors(errors)
+    listener.started(planned.experiment.name, len(planned.verdicts))
+    results = {}
+    with TrialPool(ray, store, job_for(gpu_id, runs_dir, planned.path), _CapacityListening(listener),
+                   max_attempts) as pool:
+        for verdict in planned.verdicts:
+            done = None if fresh else cap.finished_search(store, verdict.trial)
+            if done:
+                results[verdict.trial.key] = cap.resumed_result(verdict.trial, done, store)
+                listener.resumed(results[verdict.trial.key])
+            else:
+                pool.submit(verdict.trial, tag=verdict.trial, verdict=verdict, kind="capacity")
+        while pool:
+            for trial, _ in pool.step():
+                row = store.capacities(trial_key=trial.key)
+                if row.empty:  # lost with no attempt left before its row was begun
+                    continue
+                results[trial.key] = cap.resumed_result(trial, row.iloc[0].to_dict(), store, "measured on the cluster")
+                listener.finished(results[trial.key])
+    return [results[t.key] for t in planned.trials if t.key in results]
+
+
 def job_for(gpu_id: str | None, runs_dir: str | Path, experiment_path: str | Path | None) -> dict:
     """What every trial task of one experiment is given beside its trial."""
     return {"gpu_id": gpu_id, "runs_dir": str(Path(runs_dir).resolve()),
@@ -228,13 +293,13 @@ def _remote_trial():
     return _ray().remote(num_returns="streaming", max_retries=0)(ray_worker.trial_events)
 
 
-def _submit(trial: Trial, job: dict, attempt: int, excluded: tuple[str, ...] = ()) -> Any:
+def _submit(trial: Trial, job: dict, attempt: int, excluded: tuple[str, ...] = (), kind: str = "trial") -> Any:
     opts = task_options(demand(trial, job["gpu_id"]))
     if excluded:  # retried elsewhere: never on a node this trial was lost on
         opts["label_selector"] = {"ray.io/node-id": f"!in({','.join(excluded)})"}
     return _remote_trial().options(**opts).remote(
         trial.model_dump(mode="json"), job["runs_dir"], job["experiment_path"], job["overrides"], job["gpu_id"],
-        attempt, job["omp_num_threads"])
+        attempt, job["omp_num_threads"], kind)
 
 
 class TrialPool:
@@ -249,11 +314,11 @@ class TrialPool:
     def __len__(self) -> int:
         return len(self.flights)
 
-    def submit(self, trial: Trial, tag: Any = None, verdict=None) -> None:
+    def submit(self, trial: Trial, tag: Any = None, verdict=None, kind: str = "trial") -> None:
         from qwen3lab.experiment import preflight
 
         self.listener.launching(trial, verdict or preflight.Verdict(trial))
-        self.flights.append(Flight(trial, 1, _submit(trial, self.job, 1), tag=tag))
+        self.flights.append(Flight(trial, 1, _submit(trial, self.job, 1, kind=kind), tag=tag, kind=kind))
 
     def step(self, timeout_s: float = 1.0) -> list[tuple[Any, runner.TrialResult]]:
         """Store what arrived within timeout_s; (tag, result) of each trial that ended."""
@@ -293,7 +358,14 @@ class TrialPool:
 
     def _finish(self, flight: Flight, outcome: dict) -> runner.TrialResult:
         status, reason = outcome.get("status", "failed"), outcome.get("reason")
-        if status == "error":  # raised on the node: stored as failed, with a row of its own if it had none
+        if status == "error" and flight.kind == "capacity":  # the search's row says it; no run row stands for it
+            status = "failed"
+            if flight.search_id is None:
+                t = flight.trial
+                flight.search_id = self.store.begin_capacity(trial_key=t.key, experiment=t.experiment,
+                                                             chapter=t.chapter, trial=t.name)
+            self.store.finish_capacity(flight.search_id, "failed", reason)
+        elif status == "error":  # raised on the node: stored as failed, with a row of its own if it had none
             status = "failed"
             if flight.run_id is None:
                 flight.run_id = _refused_on_node(self.store, flight, outcome)
@@ -318,11 +390,13 @@ class TrialPool:
                   else "no retries left"))
         if flight.run_id:
             self.store.finish_run(flight.run_id, "lost", why)
+        if flight.search_id:  # a capacity search lost with its node: the retry is a search of its own
+            self.store.finish_capacity(flight.search_id, "lost", why)
         self.listener.log(f"{'lost':>8} {flight.trial.chapter}/{flight.trial.name}: {why}")
         if not again:
             return None
-        gen = _submit(flight.trial, self.job, flight.attempt + 1, excluded)
-        return Flight(flight.trial, flight.attempt + 1, gen, excluded, tag=flight.tag)
+        gen = _submit(flight.trial, self.job, flight.attempt + 1, excluded, flight.kind)
+        return Flight(flight.trial, flight.attempt + 1, gen, excluded, tag=flight.tag, kind=flight.kind)
 
     def __enter__(self):
         self._previous = _on_sigterm()
@@ -332,9 +406,11 @@ class TrialPool:
         _restore(self._previous)
         if kind is not None and issubclass(kind, KeyboardInterrupt):
             for flight in self.flights:
+                why = "the driver was stopped (SIGTERM or Ctrl-C); run the same command again to resume"
                 if flight.run_id:
-                    self.store.finish_run(flight.run_id, "interrupted", "the driver was stopped (SIGTERM or "
-                                          "Ctrl-C); run the same command again to resume")
+                    self.store.finish_run(flight.run_id, "interrupted", why)
+                if flight.search_id:
+                    self.store.finish_capacity(flight.search_id, "interrupted", why)
                 # The worker goes, and its server with it (a server dies with the thread that started it).
                 self.ray.cancel(flight.gen, force=True)
         return False
@@ -354,7 +430,7 @@ def _drop_spool(ray, runs_dir: str, flight: Flight) -> None:
 
     strategy = NodeAffinitySchedulingStrategy(flight.node["node_id"], soft=False)
     ray.remote(num_cpus=0, max_retries=0)(ray_worker.drop_spool).options(scheduling_strategy=strategy).remote(
-        runs_dir, flight.run_id)  # not waited for: a node gone since keeps its spool, nothing is lost
+        runs_dir, flight.run_ids)  # not waited for: a node gone since keeps its spools, nothing is lost
 
 
 def _on_sigterm():

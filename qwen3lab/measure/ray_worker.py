@@ -91,6 +91,15 @@ class Relay:
     def add_samples(self, run_id: str, samples) -> None:
         self._emit("add_samples", run_id, [tuple(s) for s in samples])
 
+    # A capacity search on the node: its row is begun and finished on the driver, its points are runs as above.
+    def begin_capacity(self, **fields: Any) -> str:
+        search_id = fields.pop("search_id", None) or "cap-" + new_run_id()
+        self._emit("begin_capacity", search_id, fields)
+        return search_id
+
+    def finish_capacity(self, search_id: str, status: str, reason: str | None = None, **fields: Any) -> None:
+        self._emit("finish_capacity", search_id, {"status": status, "reason": reason, **fields})
+
 
 def node_identity() -> dict[str, Any]:
     """Which Ray node this is: stored with the run beside the host, CPU, GPU and vLLM build it probed."""
@@ -103,11 +112,12 @@ def node_identity() -> dict[str, Any]:
 
 
 def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, overrides: dict, gpu_id: str | None,
-                 attempt: int, omp_num_threads: str | None):
-    """Run one trial here and yield its store events in batches; the last batch ends with ('result', ...)."""
+                 attempt: int, omp_num_threads: str | None, kind: str = "trial"):
+    """Run one trial here (kind "trial": one launch; "capacity": its capacity search on one server) and yield
+    its store events in batches; the last batch ends with ('result', ...)."""
     from qwen3lab.experiment import preflight
     from qwen3lab.experiment.spec import Trial
-    from qwen3lab.measure import runner
+    from qwen3lab.measure import capacity, runner
 
     # Ray sets OMP_NUM_THREADS to the task's CPUs (1); the server reserved the slot, not one core.
     if omp_num_threads is None:
@@ -120,9 +130,15 @@ def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, o
 
     def work() -> None:
         try:
-            result = runner.run_trial(trial, relay, runs_dir, experiment_path=experiment_path,
-                                      machine=preflight.Machine.local(), gpu_id=gpu_id, log=lambda *_: None)
-            outcome.update(status=result.status, reason=result.reason, run_id=result.run_id)
+            if kind == "capacity":
+                got = capacity.measure_capacity(trial, relay, runs_dir, experiment_path, preflight.Machine.local(),
+                                                gpu_id)
+                outcome.update(status=got.status, reason=got.reason, search_id=got.search_id,
+                               run_id=got.points[-1].run_id if got.points else None)
+            else:
+                result = runner.run_trial(trial, relay, runs_dir, experiment_path=experiment_path,
+                                          machine=preflight.Machine.local(), gpu_id=gpu_id, log=lambda *_: None)
+                outcome.update(status=result.status, reason=result.reason, run_id=result.run_id)
         except BaseException as exc:  # noqa: BLE001 - handed to the driver, which stores or reports it
             outcome.update(status="error", reason=f"{type(exc).__name__}: {exc}")
 
@@ -137,10 +153,12 @@ def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, o
     yield relay.take() + [("result", outcome.get("run_id"), outcome)]
 
 
-def drop_spool(runs_dir: str, run_id: str) -> bool:
-    """Delete a run's spool on its node once the driver has stored every event of it."""
-    path = Path(runs_dir) / run_id / SPOOL_NAME
-    if path.exists():
-        path.unlink()
-        return True
-    return False
+def drop_spool(runs_dir: str, run_ids: list[str]) -> int:
+    """Delete runs' relay spools on their node once the driver has stored every event of them."""
+    dropped = 0
+    for run_id in run_ids:
+        path = Path(runs_dir) / run_id / SPOOL_NAME
+        if path.exists():
+            path.unlink()
+            dropped += 1
+    return dropped

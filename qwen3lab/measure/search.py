@@ -7,7 +7,11 @@ Pre-flight judges every suggestion before a launch: what it rejects or cannot ru
 with the reason and never launched. Crashes and OOMs are stored as failed and told to the sampler as the
 worst value (a configuration that does not serve has no capacity), so it steers away. Every suggestion is a
 row of `search_trials`; a study resumes from DuckDB alone: stored trials are told to a fresh optuna study,
-and a suggestion that was measured already is answered from the store, never measured again.
+and a suggestion that was measured already is answered from the store, never measured again. Suggestions are
+measured here one at a time, or on a Ray cluster as many at once as it has free slots (ask/tell as they end).
+
+Lines: over 450 because the study (space, sampler, resume from DuckDB, budget) and the two ways its suggestions
+are measured share one loop: split, each half would need the other's internals.
 """
 from __future__ import annotations
 
@@ -141,40 +145,59 @@ def best_of(search: Search, history: list[SearchTrial]) -> SearchTrial | None:
 
 def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path, machine, gpu_id,
              progress) -> SearchTrial:
-    """Measure one suggested configuration for the search's objective; the state and values it earned."""
+    """Measure one suggested configuration here for the search's objective; the state and values it earned."""
     t0 = time.monotonic()
-    out = SearchTrial(-1, {}, "failed", trial_key=trial.key)
-    second = search.objectives[1] if len(search.objectives) == 2 else None
-    if search.objectives[0] == "capacity":
-        done = cap.finished_search(store, trial)  # measured already (qwen3lab capacity, another study): reused
-        got = cap.resumed_result(trial, done, store) if done else \
-            cap.measure_capacity(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict)
-        out.search_id = got.search_id
-        if got.status in cap.SEARCH_DONE:
-            out.state, out.value, out.low, out.high = "complete", got.capacity, got.low, got.high
-            at = [p for p in got.points if p.passed and p.load == got.low]
-            if at:
-                out.run_id = at[0].run_id
-                out.value2 = (at[0].summary or {}).get(second) if second else None
-        elif got.status == "interrupted":
-            out.state = "interrupted"
-        out.reason = got.reason
-    else:
-        done = selection.previous_run(store, trial.key, retry_failed=True, runnable_here=True)
-        if done:  # measured already (qwen3lab run, another study): its stored summary answers
-            row = store.run(done[0])
-            run_id, status, reason, summary = done[0], done[1], row.get("reason"), row.get("summary") or {}
-        else:
-            got = runner.run_trial(trial, store, runs_dir, experiment_path=path, machine=machine, gpu_id=gpu_id,
-                                   verdict=verdict, progress=progress)
-            run_id, status, reason, summary = got.run_id, got.status, got.reason, got.summary or {}
-        out.run_id, out.reason = run_id, reason
-        if status == "ok":
-            out.state, out.value = "complete", summary.get("request_goodput", 0.0)
-            out.value2 = summary.get(second) if second else None
-        elif status == "interrupted":
-            out.state = "interrupted"
+    out = _already_measured(search, trial, store)
+    if out is None and search.objectives[0] == "capacity":
+        got = cap.measure_capacity(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict)
+        out = capacity_outcome(search, trial, got)
+    elif out is None:
+        got = runner.run_trial(trial, store, runs_dir, experiment_path=path, machine=machine, gpu_id=gpu_id,
+                               verdict=verdict, progress=progress)
+        out = goodput_outcome(search, trial, store, got.run_id, got.status, got.reason, got.summary)
     out.wall_s = time.monotonic() - t0
+    return out
+
+
+def _already_measured(search: Search, trial: Trial, store: Store) -> SearchTrial | None:
+    """A configuration measured already (by qwen3lab capacity or run, another study): its stored result."""
+    if search.objectives[0] == "capacity":
+        done = cap.finished_search(store, trial)
+        return capacity_outcome(search, trial, cap.resumed_result(trial, done, store)) if done else None
+    done = selection.previous_run(store, trial.key, retry_failed=True, runnable_here=True)
+    return goodput_outcome(search, trial, store, done[0]) if done else None
+
+
+def capacity_outcome(search: Search, trial: Trial, got: cap.CapacityResult) -> SearchTrial:
+    """A capacity search's result as what the sampler is told: its capacity, the second objective at it."""
+    second = search.objectives[1] if len(search.objectives) == 2 else None
+    out = SearchTrial(-1, {}, "failed", trial_key=trial.key, search_id=got.search_id, reason=got.reason)
+    if got.status in cap.SEARCH_DONE:
+        out.state, out.value, out.low, out.high = "complete", got.capacity, got.low, got.high
+        at = [p for p in got.points if p.passed and p.load == got.low]
+        if at:
+            out.run_id = at[0].run_id
+            out.value2 = (at[0].summary or {}).get(second) if second else None
+    elif got.status == "interrupted":
+        out.state = "interrupted"
+    return out
+
+
+def goodput_outcome(search: Search, trial: Trial, store: Store, run_id: str, status: str | None = None,
+                    reason: str | None = None, summary: dict | None = None) -> SearchTrial:
+    """A run's result as what the sampler is told: its goodput (and second objective); read back when only
+    its id is given."""
+    if status is None:
+        row = store.run(run_id)
+        status, reason, summary = row["status"], row.get("reason"), row.get("summary")
+    summary = summary or {}
+    second = search.objectives[1] if len(search.objectives) == 2 else None
+    out = SearchTrial(-1, {}, "failed", trial_key=trial.key, run_id=run_id, reason=reason)
+    if status == "ok":
+        out.state, out.value = "complete", summary.get("request_goodput", 0.0)
+        out.value2 = summary.get(second) if second else None
+    elif status == "interrupted":
+        out.state = "interrupted"
     return out
 
 
@@ -194,8 +217,10 @@ class Listener:
 
 
 def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | None = None,
-               budget_s: float | None = None, fresh: bool = False, listener: Listener | None = None) -> SearchResult:
-    """Run (or resume) the experiment's search until its budget is spent; every suggestion is stored."""
+               budget_s: float | None = None, fresh: bool = False, listener: Listener | None = None,
+               executor: str = "local", address: str | None = None) -> SearchResult:
+    """Run (or resume) the experiment's search until its budget is spent; every suggestion is stored. With
+    executor "ray", as many suggestions are measured at once as the cluster has free slots."""
     optuna = require("optuna", "pip install optuna")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     listener = listener or Listener()
@@ -236,38 +261,57 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
     result = SearchResult(study_id, search.objectives, list(history))
     number = max((t.number for t in history), default=-1) + 1
     started, idle = time.monotonic(), 0
-    while True:
-        used = sum(t.state in MEASURED for t in result.history)
+    here = dict(search=search, store=store, runs_dir=runs_dir, path=str(path), gpu_id=exp.gpu, listener=listener,
+                study_id=study_id)
+    measurer = _OnRay(address=address, **here) if executor == "ray" else _Here(machine=machine, **here)
+
+    def stop_reason() -> str | None:
+        used = sum(t.state in MEASURED for t in result.history) + len(measurer)
         if budget[0] is not None and used >= budget[0]:
-            result.stopped = f"budget of {budget[0]} trials spent"
-            break
+            return f"budget of {budget[0]} trials spent"
         if budget[1] is not None and time.monotonic() - started >= budget[1]:
-            result.stopped = f"budget of {budget[1]:g} s spent"
-            break
+            return f"budget of {budget[1]:g} s spent"
         if queue is not None and not queue:
-            result.stopped = "every grid point done"
-            break
+            return "every grid point done"
         if idle >= GIVE_UP_AFTER:
-            result.stopped = f"{GIVE_UP_AFTER} suggestions in a row were pruned or measured already"
-            break
-        if queue is not None:
-            study.enqueue_trial(queue.pop(0))
-        asked = study.ask(dists)
-        params = dict(asked.params)
-        seen = by_params.get(stable_hash(params))
-        if seen is not None:  # measured (or pruned) already: answered from the store, never measured again
-            _tell(study, asked, search, seen)
-            idle += 1
-            continue
-        got = _one(exp, search, params, number, study_id, store, runs_dir, str(path), machine, listener)
+            return f"{GIVE_UP_AFTER} suggestions in a row were pruned or measured already"
+        return None
+
+    def record(got: SearchTrial, asked) -> None:
         _tell(study, asked, search, got)
-        by_params[stable_hash(params)] = got
+        by_params[stable_hash(got.params)] = got
         result.history.append(got)
-        idle = idle + 1 if got.state == "pruned" else 0
-        number += 1
-        listener.trial_done(got, best_of(search, result.history), used + (got.state in MEASURED))
-        if got.state == "interrupted":
-            raise KeyboardInterrupt
+        listener.trial_done(got, best_of(search, result.history), sum(t.state in MEASURED for t in result.history))
+
+    with measurer:
+        while True:
+            stop = stop_reason()
+            while stop is None and len(measurer) < measurer.slots and not measurer.ready:
+                if queue is not None:
+                    study.enqueue_trial(queue.pop(0))
+                asked = study.ask(dists)
+                params = dict(asked.params)
+                seen = by_params.get(stable_hash(params))
+                if seen is not None:  # measured (or pruned) already: answered from the store, never measured again
+                    _tell(study, asked, search, seen)
+                    idle += 1
+                else:
+                    pending = _judge(exp, search, params, number, study_id, store, machine, asked)
+                    number += 1
+                    if isinstance(pending, SearchTrial):  # pruned by pre-flight: never launched
+                        record(pending, asked)
+                        idle += 1
+                    else:
+                        measurer.submit(pending)
+                        idle = 0
+                stop = stop_reason()
+            for pending, got in measurer.finished():
+                record(got, pending.asked)
+                if got.state == "interrupted":
+                    raise KeyboardInterrupt
+            if stop is not None and not len(measurer) and not measurer.ready:
+                result.stopped = stop
+                break
     result.best = best_of(search, result.history)
     if result.best is not None:
         result.best_trial = xp.trial_from(exp, search.chapter, result.best.params)
@@ -299,9 +343,22 @@ def _tell(study, asked, search: Search, t: SearchTrial) -> None:
         study.tell(asked, values[0] if len(values) == 1 else values)
 
 
-def _one(exp, search: Search, params: dict, number: int, study_id: str, store: Store, runs_dir: str, path: str,
-         machine, listener: Listener) -> SearchTrial:
-    """Judge a suggestion before any launch (pruned when infeasible), then measure it; stored either way."""
+@dataclass
+class Pending:
+    """A suggestion pre-flight let through, on its way to be measured."""
+
+    number: int
+    params: dict
+    asked: Any  # optuna's trial, told the result
+    trial: Trial
+    verdict: Any
+    started: float = 0.0  # when it was handed to the cluster
+
+
+def _judge(exp, search: Search, params: dict, number: int, study_id: str, store: Store, machine,
+           asked) -> "Pending | SearchTrial":
+    """Judge a suggestion before any launch: pruned (stored, with the reason) when infeasible, else stored as
+    running and handed back to be measured."""
     base = dict(study=study_id, number=number, experiment=exp.name, params_json=params)
     try:
         trial = xp.trial_from(exp, search.chapter, params)
@@ -318,15 +375,128 @@ def _one(exp, search: Search, params: dict, number: int, study_id: str, store: S
         return out
     store.add_search_trial(**base, state="running", trial_key=trial.key, trial=trial.name,
                            config_hash=trial.engine.config_hash())
-    got = SearchTrial(number, params, "interrupted", reason="stopped by the user", trial_key=trial.key)
-    try:
-        got = _measure(search, trial, verdict, store, runs_dir, path, machine, exp.gpu, listener.requests_done)
-        got.number, got.params = number, params
-    finally:
-        store.finish_search_trial(study_id, number, got.state, value=got.value, value2=got.value2, low=got.low,
-                                  high=got.high, reason=got.reason, run_id=got.run_id, search_id=got.search_id,
-                                  wall_s=got.wall_s)
+    return Pending(number, params, asked, trial, verdict)
+
+
+def _record(store: Store, study_id: str, pending: Pending, got: SearchTrial) -> SearchTrial:
+    got.number, got.params = pending.number, pending.params
+    store.finish_search_trial(study_id, pending.number, got.state, value=got.value, value2=got.value2, low=got.low,
+                              high=got.high, reason=got.reason, run_id=got.run_id, search_id=got.search_id,
+                              wall_s=got.wall_s)
     return got
+
+
+class _Here:
+    """Measures each suggestion in this process, one at a time (the local executor)."""
+
+    slots = 1
+
+    def __init__(self, search, store, runs_dir, path, gpu_id, listener, study_id, machine):
+        self.search, self.store, self.runs_dir, self.path, self.gpu_id = search, store, runs_dir, path, gpu_id
+        self.listener, self.study_id, self.machine = listener, study_id, machine
+        self.done: list[tuple[Pending, SearchTrial]] = []
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.done)
+
+    def __len__(self) -> int:
+        return 0  # measured as it is submitted: nothing is ever in flight
+
+    def submit(self, pending: Pending) -> None:
+        got = SearchTrial(pending.number, pending.params, "interrupted", reason="stopped by the user",
+                          trial_key=pending.trial.key)
+        try:
+            got = _measure(self.search, pending.trial, pending.verdict, self.store, self.runs_dir, self.path,
+                           self.machine, self.gpu_id, self.listener.requests_done)
+        finally:  # stored even when a signal stops the measurement
+            self.done.append((pending, _record(self.store, self.study_id, pending, got)))
+
+    def finished(self) -> list[tuple[Pending, SearchTrial]]:
+        out, self.done = self.done, []
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _OnRay:
+    """Measures suggestions on a Ray cluster, as many at once as it has free slots (ask/tell as they finish):
+    each one is a task (a capacity search on one server, or one launch), its rows stored here."""
+
+    ready = False
+
+    def __init__(self, search, store, runs_dir, path, gpu_id, listener, study_id, address):
+        from qwen3lab.measure import ray_executor
+
+        self.rx, self.search, self.store, self.gpu_id, self.study_id = ray_executor, search, store, gpu_id, study_id
+        self.ray = ray_executor.connect(address)
+        self.kind = "capacity" if search.objectives[0] == "capacity" else "trial"
+        self.pool = ray_executor.TrialPool(self.ray, store, ray_executor.job_for(gpu_id, runs_dir, path),
+                                           _PoolListening(listener))
+        self.slots = 1  # until the first suggestion says what a task needs
+        self.sized = False
+        self.reused: list[tuple[Pending, SearchTrial]] = []
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def submit(self, pending: Pending) -> None:
+        if not self.sized:
+            errors = self.rx.cluster_errors([pending.trial], self.gpu_id, self.ray.nodes())
+            if errors:
+                raise SpecErrors(errors)
+            self.slots, self.sized = max(self.rx.free_slots(self.ray, pending.trial, self.gpu_id), 1), True
+        got = _already_measured(self.search, pending.trial, self.store)
+        if got is not None:
+            self.reused.append((pending, _record(self.store, self.study_id, pending, got)))
+            return
+        pending.started = time.monotonic()
+        self.pool.submit(pending.trial, tag=pending, verdict=pending.verdict, kind=self.kind)
+
+    def finished(self) -> list[tuple[Pending, SearchTrial]]:
+        out, self.reused = self.reused, []
+        if not len(self.pool):
+            return out
+        for pending, result in self.pool.step():
+            if self.kind == "capacity":
+                row = self.store.capacities(trial_key=pending.trial.key)
+                got = capacity_outcome(self.search, pending.trial, cap.resumed_result(
+                    pending.trial, row.iloc[0].to_dict(), self.store, "measured on the cluster")) \
+                    if not row.empty else SearchTrial(-1, {}, "failed", reason=result.reason)
+            else:
+                got = goodput_outcome(self.search, pending.trial, self.store, result.run_id, result.status,
+                                      result.reason, self.store.run(result.run_id).get("summary")
+                                      if result.run_id else None)
+            got.wall_s = time.monotonic() - pending.started
+            out.append((pending, _record(self.store, self.study_id, pending, got)))
+        return out
+
+    def __enter__(self):
+        self.pool.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.pool.__exit__(*exc)
+
+
+class _PoolListening:
+    """The Ray pool's listener calls, told to a search Listener (which hears of suggestions, not launches)."""
+
+    def __init__(self, listener: Listener):
+        self.inner, self.log = listener, listener.log
+
+    def launching(self, trial, verdict) -> None:
+        self.log(f"> {trial.name}: on the cluster")
+
+    def requests_done(self, trial, count: int) -> None:
+        self.inner.requests_done(count)
+
+    def finished(self, result) -> None:
+        """Told as a suggestion's result (trial_done) once read back from DuckDB."""
 
 
 def importances(trials, maximize: bool = True) -> dict[str, float]:
