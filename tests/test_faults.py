@@ -29,7 +29,8 @@ from .conftest import REPO, TINY, spooled_requests
 TOKENIZER = str(engine.resolve_model_path("builtin:qwen3-tiny"))
 
 
-def experiment(tmp_path: Path, engine_yaml: str, trials=("a",), num_requests: int = 30) -> Path:
+def experiment(tmp_path: Path, engine_yaml: str, trials=("a",), num_requests: int = 30,
+               request_rate: float | None = None) -> Path:
     path = tmp_path / "faults.yaml"
     path.write_text(textwrap.dedent(f"""
         name: faults
@@ -37,6 +38,7 @@ def experiment(tmp_path: Path, engine_yaml: str, trials=("a",), num_requests: in
         workload:
           num_requests: {num_requests}
           concurrency: 2
+          request_rate: {request_rate if request_rate else "null"}
           mix: [{{name: short, prompt_tokens: 16, output_tokens: 16}}]
         trials: [{', '.join('{name: %s}' % t for t in trials)}]
     """))
@@ -182,7 +184,9 @@ def test_db_held_by_another_process(tiny_server, tmp_path):
 
 
 def test_two_sweeps_on_one_db_never_run_a_trial_twice(tiny_server, tmp_path):
-    exp = endpoint_experiment(tmp_path, tiny_server, trials=("a", "b"), num_requests=150)  # long enough to overlap
+    # Paced: each trial sends for 30 s, so the second sweep (a process start, imports) is up while the first
+    # still holds its first trial, however loaded the machine.
+    exp = endpoint_experiment(tmp_path, tiny_server, trials=("a", "b"), num_requests=60, request_rate=2.0)
     db, runs = tmp_path / "shared.duckdb", tmp_path / "runs"
     first = start_run(exp, db, runs)
     wait_for(lambda: list(runs.glob("*/spool.jsonl")), 600, "the first sweep's first trial", first)

@@ -122,3 +122,14 @@ def test_capacity_page_shows_a_search_history_with_its_pruned_points(tmp_path, m
     assert not at.exception, [e.value for e in at.exception]
     assert "2 pruned" in "\n".join(c.value for c in at.caption)
     assert len(at.get("plotly_chart")) == 1  # the history; no importance without three measured trials
+
+
+def test_the_shipped_search_space_reads_as_optuna_distributions():
+    """A whole-number range without a step (experiments/cpu-tiny-search.yaml) is an integer distribution."""
+    import optuna
+
+    exp = xp.load(REPO / "experiments" / "cpu-tiny-search.yaml")
+    dists = se.distributions(exp.search)
+    tokens = dists["engine.max_num_batched_tokens"]
+    assert isinstance(tokens, optuna.distributions.IntDistribution) and tokens.log and (tokens.low, tokens.high) == (256, 4096)
+    assert dists["engine.kv_cache_dtype"].choices == ("auto", "fp8")

@@ -495,7 +495,7 @@ class Range(Strict):
 
     @property
     def whole(self) -> bool:
-        return float(self.low).is_integer() and float(self.high).is_integer() and (self.step or 1).is_integer()
+        return float(self.low).is_integer() and float(self.high).is_integer() and float(self.step or 1).is_integer()
 
 
 class Budget(Strict):
