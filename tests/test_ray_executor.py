@@ -63,6 +63,9 @@ def start_node(c: Cluster, **args):
 
 @pytest.fixture(scope="module")
 def cluster():
+    # Ray's memory monitor counts this container's page cache (DuckDB files, installed wheels) as used and
+    # killed trials as OutOfMemoryError while the tiny servers had room; the kernel still guards memory.
+    os.environ["RAY_memory_monitor_refresh_ms"] = "0"
     c = Cluster()
     start_node(c, **HEAD)
     nodes = [start_node(c, num_cpus=1, resources={ray_executor.SLOT: 1}) for _ in range(2)]
