@@ -87,9 +87,14 @@ def test_server_killed_mid_run_is_stored_as_crashed(store, tmp_path, no_leftover
     argv = store.run(run_id)["exec_argv"]
     port = int(argv[argv.index("--port") + 1])
     (api,) = [p for p in vllm_processes() if f"--port {port}" in " ".join(p.cmdline())]
+    core = api.children(recursive=True)  # engine core and workers: orphaned when the API server dies
     os.kill(api.pid, signal.SIGKILL)
     worker.join(timeout=120)
     assert not worker.is_alive()
+    import psutil
+
+    _, alive = psutil.wait_procs(core, timeout=15)
+    assert core and not alive, f"the crashed server's engine core or workers outlived it: {alive}"
     result = out["r"]
     row = store.run(run_id)
     assert result.status == row["status"] == "crashed", row["reason"]

@@ -346,6 +346,10 @@ class Server:
                 continue
             if _all_gone(family, wait):
                 break
+        try:  # what is left of the group: a server that crashed leaves its engine core and workers orphaned
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         deadline = time.monotonic() + 10
         while self.port and not port_is_free(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)
