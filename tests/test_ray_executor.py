@@ -63,8 +63,9 @@ def start_node(c: Cluster, **args):
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Ray's memory monitor counts this container's page cache (DuckDB files, installed wheels) as used and
-    # killed trials as OutOfMemoryError while the tiny servers had room; the kernel still guards memory.
+    # Ray's memory monitor killed the capacity test's trials as OutOfMemoryError late in a full suite (18 of
+    # 23 GiB used, much of it orphaned vLLM engine processes, since stopped by engine.stop); the tiny servers
+    # need little, and the kernel still guards memory.
     os.environ["RAY_memory_monitor_refresh_ms"] = "0"
     c = Cluster()
     start_node(c, **HEAD)
