@@ -73,7 +73,8 @@ async def _watch_stalls(flights: list, stall_s: float, stalled: list[str]) -> No
     while True:
         await asyncio.sleep(min(1.0, stall_s / 4))
         now = time.perf_counter()
-        live = [(task, rec, t0) for task, rec, t0 in flights if not task.done() and rec.sent_at is not None]
+        flights[:] = [f for f in flights if not f[0].done()]  # a long (soak) load would rescan every request
+        live = [(task, rec, t0) for task, rec, t0 in flights if rec.sent_at is not None]
         quiet = [now - (t0 + rec.sent_at + (rec.chunk_times[-1] if rec.chunk_times else 0.0)) for _, rec, t0 in live]
         if live and min(quiet) > stall_s:
             stalled.append(f"hung: no token for {stall_s:g} s with {len(live)} requests in flight "

@@ -22,7 +22,7 @@ from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import Trial, Workload
 from qwen3lab.measure import runner, topology
-from qwen3lab.store import Store
+from qwen3lab.store import Store, now
 
 ENDS = ("ok", "restarts_spent", "failed", "interrupted", "skipped")
 
@@ -115,7 +115,7 @@ def soak(trial: Trial, store: Store, runs_dir: str | Path, duration_s: float, wi
     result = SoakResult(soak_id, trial)
     if verdict.skip:
         result.status, result.reason = "skipped", verdict.skip
-        store.update_soak(soak_id, status="skipped", reason=verdict.skip, ended_at=_now())
+        store.update_soak(soak_id, status="skipped", reason=verdict.skip, ended_at=now())
         return result
     began = time.monotonic()
     soak_dir = Path(runs_dir) / soak_id
@@ -156,7 +156,7 @@ def soak(trial: Trial, store: Store, runs_dir: str | Path, duration_s: float, wi
             result.drift = {"note": f"drift not computed: {type(exc).__name__}: {exc}"}
         store.update_soak(soak_id, status=result.status, reason=result.reason, windows=len(result.windows),
                           server_starts=result.server_starts, crashes=result.crashes, ooms=result.ooms,
-                          elapsed_s=result.elapsed_s, drift_json=result.drift, ended_at=_now())
+                          elapsed_s=result.elapsed_s, drift_json=result.drift, ended_at=now())
     return result
 
 
@@ -212,12 +212,6 @@ def _window(trial, seconds, warm, server, store, result, experiment_path, machin
         reason = runner.finish(store, begun, status, reason, summary,
                                {**extra, "server_rss_mib": server_rss_mib(server)}, refused)
     return Window(index, begun.run_id, status, reason, result.server_starts, summary)
-
-
-def _now():
-    from qwen3lab.store import now
-
-    return now()
 
 
 # --- from an experiment file ------------------------------------------------------------------------------
