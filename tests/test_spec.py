@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -193,3 +194,21 @@ def test_extra_args_cannot_shadow_fields():
         EngineConfig(extra_args=["--block-size", "32"])
     with pytest.raises(Exception, match="set by qwen3lab"):
         EngineConfig(extra_args=["--port", "9000"])
+
+
+def test_trials_stored_by_an_older_qwen3lab_keep_their_keys():
+    """The committed H200 runs were stored before engine.topology, workload.capacity and stall_timeout_s
+    existed: the shipped experiment's trials must still hash to the keys those runs carry, or resume would
+    launch every one of them again."""
+    import duckdb
+
+    root = Path(__file__).resolve().parents[1]
+    keys = {(t.chapter, t.name): t.key for t in xp.expand(xp.load(root / "experiments/h200-qwen3-14b.yaml"))}
+    con = duckdb.connect(str(root / "experiments/results/h200-qwen3-14b.duckdb"), read_only=True)
+    stored = con.execute("SELECT chapter, trial, trial_key FROM runs WHERE git_commit LIKE 'archive:d62e265%'").fetchall()
+    con.close()
+    assert len(stored) >= 8
+    assert [(ch, tr, keys.get((ch, tr))) for ch, tr, _ in stored] == stored
+    # A later field set away from its default is part of the key again.
+    t = next(t for t in xp.expand(xp.load(root / "experiments/h200-qwen3-14b.yaml")) if t.name == "bf16-kv-auto")
+    assert t.model_copy(update={"workload": t.workload.model_copy(update={"stall_timeout_s": 30.0})}).key != t.key

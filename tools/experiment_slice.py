@@ -1,17 +1,30 @@
-"""Write a copy of an experiment file keeping only the named trials (chapter/trial), in chapter order."""
+"""Write a copy of an experiment file keeping only the named trials, in chapter order.
+
+    python tools/experiment_slice.py SRC DST CHAPTER/TRIAL[:num_requests=N] ...
+
+`:num_requests=N` cuts that trial's measured requests (GPU time is scarce: cut requests, not chapters); the
+trial is then a different trial (its key includes the workload), stored beside the full one.
+"""
 import sys
 import yaml
 
 src, dst, *keep = sys.argv[1:]
 doc = yaml.safe_load(open(src))
-want = {}
+want: dict[str, dict[str, int | None]] = {}
 for k in keep:
-    ch, tr = k.split("/")
-    want.setdefault(ch, []).append(tr)
+    name, _, cut = k.partition(":num_requests=")
+    ch, tr = name.split("/")
+    want.setdefault(ch, {})[tr] = int(cut) if cut else None
 chapters = {}
 for name, ch in doc["chapters"].items():
     if name in want:
-        trials = [t for t in ch["trials"] if t["name"] in want[name]]
+        trials = []
+        for t in ch["trials"]:
+            if t["name"] in want[name]:
+                n = want[name][t["name"]]
+                if n is not None:
+                    t = {**t, "workload": {**(t.get("workload") or {}), "num_requests": n}}
+                trials.append(t)
         chapters[name] = {**ch, "trials": trials}
         if ch.get("baseline") not in [t["name"] for t in trials]:
             chapters[name].pop("baseline", None)

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shlex
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -32,6 +32,15 @@ OWNED_FLAGS = {"--host", "--port", "--model"}
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # Fields added after trials were first stored, with the default they were added with: left out of
+    # Trial.key while at it, so trials stored before keep their keys (and resume finds them).
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {}
+
+    def key_dump(self) -> dict[str, Any]:
+        """What Trial.key hashes of this model: every field but the later ones at their defaults."""
+        later = {name for name, default in self.LATER_FIELDS.items() if getattr(self, name) == default}
+        return self.model_dump(mode="json", exclude=later or None)
 
 
 ROUTE_NAMES = ("short", "long")
@@ -88,6 +97,8 @@ class SplitTopology(Strict):
 
 class EngineConfig(Strict):
     """One `vllm serve` launch. Field names are vLLM's EngineArgs names."""
+
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"topology": None}
 
     kind: Literal["vllm"] = Field("vllm", description="Launch a real `vllm serve` process.")
     model: str = Field(
@@ -416,12 +427,7 @@ class Capacity(Strict):
 class Workload(Strict):
     """What the load generator sends, and when."""
 
-    # Fields added after trials were first stored, at their defaults: left out of Trial.key, so those trials
-    # keep their keys (and resume finds them).
-    _LATER_FIELDS = {"capacity": None, "stall_timeout_s": 120.0}
-
-    def unset_since_keys(self) -> set[str]:
-        return {name for name, default in self._LATER_FIELDS.items() if getattr(self, name) == default}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"capacity": None, "stall_timeout_s": 120.0}
 
     api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions.")
     mix: str | list[RequestClass] = Field(
@@ -571,8 +577,8 @@ class Trial(Strict):
         """Identity for resuming: same experiment, chapter, name, engine and workload = same trial."""
         return stable_hash({
             "experiment": self.experiment, "chapter": self.chapter, "name": self.name,
-            "engine": self.engine.model_dump(mode="json"),
-            "workload": self.workload.model_dump(mode="json", exclude=self.workload.unset_since_keys() or None),
+            "engine": self.engine.key_dump(),
+            "workload": self.workload.key_dump(),
         })[:16]
 
 
