@@ -57,10 +57,6 @@ def _runs(db: str, stamp: float) -> pd.DataFrame:
     df = Store(db).runs(with_json=True)
     if df.empty:
         return df
-    # The steady-state TTFT p95 (without a closed loop's opening burst) lives in the summary only.
-    summaries = [json.loads(s) if isinstance(s, str) and s else {} for s in df.summary_json]
-    df["steady_p95_ttft_ms"] = [s.get("steady_p95_ttft_ms") for s in summaries]
-    df["opening_burst_requests"] = [s.get("opening_burst_requests") for s in summaries]
     return df.drop(columns=["summary_json", "info_json", "config_json", "workload_json", "exec_argv_json"])
 
 

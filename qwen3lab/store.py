@@ -352,8 +352,9 @@ class Store:
             else:
                 beat = row.get("heartbeat_at") or row.get("started_at")
                 status = "interrupted"
-                self.finish_run(row["run_id"], status,
-                                f"qwen3lab (pid {row.get('owner_pid')} on {row.get('owner_host')}) stopped without "
+                who = (f"qwen3lab (pid {row['owner_pid']} on {row.get('owner_host')})" if row.get("owner_pid")
+                       else "the qwen3lab that began it (a version that stored no owner)")
+                self.finish_run(row["run_id"], status, f"{who} stopped without "
                                 f"finishing the run (killed?); last heartbeat {beat}; {n} measured requests were "
                                 "recovered from its spool")
             Spool(row["spool_path"]).remove() if row.get("spool_path") else None
@@ -444,7 +445,11 @@ class Store:
                                      "checks_json")
         # a lambda, not EXCLUDE: a file of an older schema (opened read-only, not migrated) lacks newer columns
         cols = "*" if with_json else "COLUMNS(lambda c: c NOT IN (" + ", ".join(f"'{c}'" for c in drop) + "))"
-        sql = f"SELECT {cols} FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY started_at DESC"
+        # the steady-state TTFT p95 (a closed loop's opening burst left out) lives in the summary: columns here
+        steady = ", ".join(f"TRY_CAST(json_extract(summary_json, '$.{k}') AS DOUBLE) AS {k}"
+                           for k in ("steady_p95_ttft_ms", "opening_burst_requests"))
+        sql = (f"SELECT {cols}, {steady} FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} "
+               "ORDER BY started_at DESC")
         df = self._query(sql, params)
         return df if df is not None else pd.DataFrame()
 

@@ -89,7 +89,9 @@ def plan(experiment_path: str | os.PathLike, db: str, only: list[str] | None = N
         if not src.is_file():
             raise Qwen3LabError(f"notebook {src} does not exist: the chapter {chapter!r} needs it. Fix: name an "
                                 "existing notebook with `notebook:` in the chapter, or add the notebook")
-        out = out_dir / f"{stem}.ipynb"
+        # Two chapters on one notebook (the H200 emulation chapter reads as 20_quantization): one file each.
+        taken = any(e.output_path.stem == stem for e in execs)
+        out = out_dir / (f"{stem}-{chapter}.ipynb" if taken else f"{stem}.ipynb")
         execs.append(Execution(stem, chapter, src, out, parameters | {"notebook_path": str(out)}
                                if chapter else parameters))
 

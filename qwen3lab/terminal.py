@@ -47,7 +47,7 @@ def _metric_cells(s: dict | None) -> list[str]:
     total = (s.get("completed") or 0) + (s.get("failed") or 0)
     return [f"{int(s.get('completed') or 0)}/{int(total)}", _num(s.get("output_throughput")),
             _num(s.get("median_ttft_ms"), "{:.0f}"),
-            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(_steady_p95(s), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
+            _num(s.get("p95_ttft_ms"), "{:.0f}"), _num(s.get("steady_p95_ttft_ms"), "{:.0f}"), _num(s.get("median_tpot_ms"), "{:.2f}"),
             _num(s.get("p99_e2el_ms"), "{:.0f}"), _num(s.get("request_goodput"), "{:.2f}")]
 
 
@@ -55,18 +55,6 @@ def _the_same(df, column: str) -> str | None:
     """The one value every row shares, for the title instead of a column."""
     values = set(df[column].dropna().astype(str)) if column in df else set()
     return values.pop() if len(values) == 1 and df[column].notna().all() else None
-
-
-def _steady_p95(row: dict) -> float | None:
-    """The steady-state TTFT p95 from a summary, or from a runs row's summary_json when it carries one."""
-    if "steady_p95_ttft_ms" in row:
-        return row["steady_p95_ttft_ms"]
-    raw = row.get("summary_json")
-    if isinstance(raw, str) and raw:
-        import json
-
-        return json.loads(raw).get("steady_p95_ttft_ms")
-    return None
 
 
 def results_table(results, db: str) -> Table:

@@ -56,6 +56,8 @@ def test_point_workload_opens_the_other_axis_and_gives_each_point_its_own_seed()
     assert (a.request_rate, a.concurrency, a.num_requests, a.capacity) == (4.0, None, 20, None)
     assert a.seed != b.seed
     assert cap.point_workload(base, base.capacity, 4.0, 1, fresh_seed=False).seed == base.seed
+    warm = base.model_copy(update={"warmup_requests": 6})  # the trial's warm-up goes before the first point only
+    assert [cap.point_workload(warm, base.capacity, 4.0, i, True).warmup_requests for i in (0, 1)] == [8, 2]
 
 
 def _record(i: int, ttft: float | None, error: str | None = None):
@@ -97,6 +99,7 @@ def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):
 EXPERIMENT = {
     "name": "cap-test", "gpu": "cpu", "engine": TINY,
     "workload": {"mix": [{"name": "q", "prompt_tokens": 64, "output_tokens": 128}], "num_requests": 12,
+                 "warmup_requests": 8,  # before the first point only: a fresh server's first requests are slow
                  "capacity": {"axis": "concurrency", "start": 2, "min_attainment": 0.9, "tolerance": 0.3,
                               "max_points": 5, "requests_per_point": 12, "warmup_per_point": 1}},
     "slo": {"ttft_ms": 1000},

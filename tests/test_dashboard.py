@@ -262,8 +262,11 @@ def test_the_committed_h200_results_show_in_the_dashboard(app, tmp_path, monkeyp
     at = app("views/runs.py")
     table = at.dataframe[0].value
     ok = table[table.status == "ok"]
-    assert {"quantization", "block_size", "scheduler", "emulation"} <= {label.split("/")[0] for label in ok.label}
+    assert {"quantization", "block_size", "scheduler", "prefix_cache", "thinking_mode", "emulation"} <= \
+        {label.split("/")[0] for label in ok.label}
     assert (ok.gpu.str.contains("H200")).all() and (ok.vllm_version == "0.26.0").all()
-    assert (ok.steady_p95_ttft_ms < ok.p95_ttft_ms).all()  # the opening burst left out
+    # the opening burst left out; a run that is all burst (32 requests at concurrency 32) has no steady state
+    steady = ok.dropna(subset=["steady_p95_ttft_ms"])
+    assert len(steady) >= 10 and (steady.steady_p95_ttft_ms < steady.p95_ttft_ms).all()
     measured = ok[~ok.label.str.startswith("emulation")]
     assert ((measured.planner_kv_tokens / measured.vllm_kv_tokens - 1).abs() < 0.01).all()

@@ -259,3 +259,13 @@ def test_fp8_kv_on_a_cpu_without_avx512_is_skipped():
     assert "AVX-512" in preflight.check(trial, avx2).skip
     assert preflight.check(trial, preflight.Machine(device="cpu", cpu_flags=frozenset({"avx2", "avx512f"}))).ok
     assert preflight.check(trial, preflight.Machine(device="cpu")).ok  # flags unknown: judged where it runs
+
+
+def test_two_chapters_on_one_notebook_get_one_executed_file_each(tmp_path):
+    """The H200 experiment's emulation chapter runs 20_quantization.ipynb, as its quantization chapter does:
+    the second execution must not overwrite the first's saved notebook."""
+    _, execs = sweep.plan(ROOT / "experiments/h200-qwen3-14b.yaml", str(tmp_path / "x.duckdb"),
+                          ["quantization", "emulation"], str(tmp_path / "runs"), stamp="S")
+    outs = {e.chapter: e.output_path.name for e in execs if e.chapter}
+    assert outs == {"quantization": "20_quantization.ipynb", "emulation": "20_quantization-emulation.ipynb"}
+    assert all(e.parameters["notebook_path"] == str(e.output_path) for e in execs if e.chapter)

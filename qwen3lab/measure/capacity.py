@@ -103,9 +103,11 @@ def next_load(points: list[tuple[float, bool]], spec: Capacity, start: float) ->
 
 
 def point_workload(workload: Workload, spec: Capacity, load: float, index: int, fresh_seed: bool) -> Workload:
-    """The workload of one point: the load on its axis, the other axis open, its own warm-up (and seed)."""
+    """The workload of one point: the load on its axis, the other axis open, its own warm-up (and seed). The
+    first point also sends the trial's own warm-up: it meets a server that has just started (a cold CPU vLLM
+    answered its first dozen requests at 10-20x the TTFT of later ones, and failed a point that later passed)."""
     update = {"capacity": None, "duration_s": None, "num_requests": spec.requests_per_point or workload.num_requests,
-              "warmup_requests": spec.warmup_per_point,
+              "warmup_requests": spec.warmup_per_point + (workload.warmup_requests if index == 0 else 0),
               "seed": workload.seed + index * SEED_STRIDE if fresh_seed else workload.seed}
     if spec.axis == "request_rate":
         update |= {"request_rate": float(load), "concurrency": None}  # open loop: a queue shows up as latency
