@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3lab.errors import SpecError, SpecErrors
+from qwen3lab.measure.ray_executor import REAPER_ENV
 
 CONFIG_DIR = "/config"
 DATA_DIR = "/data"
@@ -92,7 +93,8 @@ def _container(shape: Shape, name: str, mounts: list[dict], resources: dict) -> 
     return {"name": name, "image": shape.image, **({"ports": RAY_PORTS} if name == "ray-head" else {}),
             "resources": resources, "volumeMounts": mounts,
             "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token",
-                                                                        "optional": True}}}]}
+                                                                        "optional": True}}},
+                    *({"name": k, "value": v} for k, v in REAPER_ENV.items())]}
 
 
 def _head(shape: Shape, name: str) -> dict:
