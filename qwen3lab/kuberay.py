@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3lab.errors import SpecError, SpecErrors
-from qwen3lab.measure.ray_worker import REAPER_ENV
+from qwen3lab.measure.ray_executor import REAPER_ENV
 
 CONFIG_DIR = "/config"
 DATA_DIR = "/data"

@@ -27,7 +27,7 @@ from .conftest import REPO, tiny_config, vllm_processes as _descendants
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from qwen3lab.measure import executor, ray_executor, ray_worker  # noqa: E402
+from qwen3lab.measure import executor, ray_executor  # noqa: E402
 
 ENGINE = ('{model: builtin:qwen3-tiny, load_format: dummy, max_model_len: 1024, enforce_eager: true, '
           'env: {VLLM_CPU_KVCACHE_SPACE: "1"}}')
@@ -67,7 +67,7 @@ def cluster():
     # 23 GiB used, much of it orphaned vLLM engine processes, since stopped by engine.stop); the tiny servers
     # need little, and the kernel still guards memory.
     os.environ["RAY_memory_monitor_refresh_ms"] = "0"
-    os.environ.update(ray_worker.REAPER_ENV)  # as the README's `ray start` lines set it
+    os.environ.update(ray_executor.REAPER_ENV)  # as the README's `ray start` lines set it
     c = Cluster()
     start_node(c, **HEAD)
     nodes = [start_node(c, num_cpus=1, resources={ray_executor.SLOT: 1}) for _ in range(2)]

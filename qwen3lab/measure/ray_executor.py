@@ -22,12 +22,16 @@ from typing import Any
 from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.experiment.spec import Trial
 from qwen3lab.analysis import selection
-from qwen3lab.measure import ray_worker, runner
+from qwen3lab.measure import runner
 from qwen3lab.store import Store
 
 SLOT = "vllm_slot"
 MAX_ATTEMPTS = 3  # a trial whose node is lost runs at most this many times in all
 RAY_HINT = "pip install 'ray[default]' (the same version on every node)"
+# Ray kills a dead worker's *direct* children only: the vLLM API server goes, its engine core and workers
+# (grandchildren, ~2.7 GiB on a CPU) were left orphaned by every lost node and stopped driver. With this set
+# where a raylet starts (`ray start`, a pod, the one-node Ray here), the raylet reaps them all within 10 s.
+REAPER_ENV = {"RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true"}
 
 
 class ClusterError(Qwen3LabError):
@@ -126,7 +130,8 @@ def connect(address: str | None):
         if address:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
-            os.environ.update({k: os.environ.get(k, v) for k, v in ray_worker.REAPER_ENV.items()})  # for its raylet
+            for name, value in REAPER_ENV.items():  # read by the raylet this starts
+                os.environ.setdefault(name, value)
             ray.init(resources={SLOT: 1}, log_to_driver=False, configure_logging=False, include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot reach the Ray cluster at {address!r}: {exc}. Fix: start it (ray start --head) "
@@ -289,6 +294,7 @@ def job_for(gpu_id: str | None, runs_dir: str | Path, experiment_path: str | Pat
 @functools.cache
 def _remote_trial():
     """The trial task, registered with Ray once per driver (each submission then ships only its arguments)."""
+    from qwen3lab.measure import ray_worker
 
     return _ray().remote(num_returns="streaming", max_retries=0)(ray_worker.trial_events)
 
@@ -426,6 +432,7 @@ def free_slots(ray, trial: Trial, gpu_id: str | None) -> int:
 def _drop_spool(ray, runs_dir: str, flight: Flight) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from qwen3lab.measure import ray_worker
 
     strategy = NodeAffinitySchedulingStrategy(flight.node["node_id"], soft=False)
     ray.remote(num_cpus=0, max_retries=0)(ray_worker.drop_spool).options(scheduling_strategy=strategy).remote(

@@ -18,10 +18,6 @@ from qwen3lab.store import REQUEST_COLUMNS, Claim, Owner, new_run_id, now, recor
 
 BATCH_S = 2.0  # how often a running trial hands its rows to the driver
 SPOOL_NAME = "relay.jsonl"  # beside the runner's own spool.jsonl of the run
-# Ray kills a dead worker's *direct* children only: the vLLM API server goes, its engine core and workers
-# (grandchildren, ~2.7 GiB on a CPU) were left orphaned by every lost worker and stopped driver. Set where a
-# raylet starts (`ray start`, a KubeRay pod, the one-node Ray of ray_executor.connect), the raylet reaps them.
-REAPER_ENV = {"RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true"}
 
 
 class Relay:
