@@ -42,14 +42,6 @@ def _env(repo: Path = REPO) -> dict:
     return {**os.environ, "PYTHONPATH": str(repo), "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-CLIENT_CPUS: set[int] | None = None  # --client-cpus: where both clients run (endpoint rounds)
-
-
-def _pin_client() -> None:
-    if CLIENT_CPUS:
-        os.sched_setaffinity(0, CLIENT_CPUS)
-
-
 def free_port() -> int:
     import socket
 
@@ -139,8 +131,7 @@ def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
             str(args.concurrency), "--num-warmups", str(args.warmup), "--ignore-eos", "--seed", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
             "--save-result", "--result-dir", str(work), "--result-filename", f"{tag}.json"]
-    subprocess.run(argv, check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   preexec_fn=_pin_client)
+    subprocess.run(argv, check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = json.loads((work / f"{tag}.json").read_text())
     return {"output_throughput": out["output_throughput"], "median_ttft_ms": out["median_ttft_ms"],
             "p99_ttft_ms": out["p99_ttft_ms"], "median_tpot_ms": out["median_tpot_ms"],
@@ -169,9 +160,7 @@ def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) ->
     exp.write_text(experiment_yaml(args, engine))
     subprocess.run([sys.executable, "-m", "qwen3lab", "run", str(exp), "--db", str(db), "--runs-dir",
                     str(work / "runs"), "--fresh"], check=True, env=_env(repo), stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, cwd=work,
-                   # a launched server would inherit the pinning: only an endpoint run's client is pinned
-                   preexec_fn=_pin_client if engine.get("kind") == "endpoint" else None)
+                   stderr=subprocess.DEVNULL, cwd=work)
     runs = Store(db).runs(with_json=True)
     row = runs.iloc[0]
     if row.status != "ok":
@@ -268,12 +257,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128, help="prompt and output tokens per request")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests before each measured load")
-    ap.add_argument("--client-cpus", help="CPUs both clients run on, e.g. 1 (a CPU vLLM binds its OpenMP threads "
-                    "to the others; its log's reserved_cpus): endpoint rounds only")
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))
     args = ap.parse_args()
-    global CLIENT_CPUS
-    CLIENT_CPUS = {int(c) for c in args.client_cpus.split(",")} if args.client_cpus else None
     console = Console(width=250)
     load_before = machine_load()
     result = {"args": vars(args), "load_before": load_before}

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3lab.errors import SpecError, SpecErrors
-from qwen3lab.measure.ray_executor import REAPER_ENV
 
 CONFIG_DIR = "/config"
 DATA_DIR = "/data"
@@ -93,8 +92,7 @@ def _container(shape: Shape, name: str, mounts: list[dict], resources: dict) -> 
     return {"name": name, "image": shape.image, **({"ports": RAY_PORTS} if name == "ray-head" else {}),
             "resources": resources, "volumeMounts": mounts,
             "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token",
-                                                                        "optional": True}}},
-                    *({"name": k, "value": v} for k, v in REAPER_ENV.items())]}
+                                                                        "optional": True}}}]}
 
 
 def _head(shape: Shape, name: str) -> dict:

@@ -28,10 +28,6 @@ from qwen3lab.store import Store
 SLOT = "vllm_slot"
 MAX_ATTEMPTS = 3  # a trial whose node is lost runs at most this many times in all
 RAY_HINT = "pip install 'ray[default]' (the same version on every node)"
-# Ray kills a dead worker's *direct* children only: the vLLM API server goes, its engine core and workers
-# (grandchildren, ~2.7 GiB on a CPU) were left orphaned by every lost node and stopped driver. With this set
-# where a raylet starts (`ray start`, a pod, the one-node Ray here), the raylet reaps them all within 10 s.
-REAPER_ENV = {"RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true"}
 
 
 class ClusterError(Qwen3LabError):
@@ -130,8 +126,6 @@ def connect(address: str | None):
         if address:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
-            for name, value in REAPER_ENV.items():  # read by the raylet this starts
-                os.environ.setdefault(name, value)
             ray.init(resources={SLOT: 1}, log_to_driver=False, configure_logging=False, include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot reach the Ray cluster at {address!r}: {exc}. Fix: start it (ray start --head) "
