@@ -101,7 +101,8 @@ def test_server_killed_mid_run_is_stored_as_crashed(store, tmp_path, no_leftover
     assert "SIGKILL" in row["reason"]
     kept = store.requests([run_id])
     finished = kept[kept.error.isna()]
-    assert len(finished) >= 20 and len(kept) < 400  # what finished is stored; sending stopped
+    # what finished is stored; sending stopped: failed are those in flight (4) and perhaps one sent as it died
+    assert len(finished) >= 20 and len(kept) - len(finished) <= 8, kept.error.value_counts()
     assert (finished.output_tokens == 32).all()
     assert engine.port_is_free(port)
 

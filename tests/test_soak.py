@@ -74,7 +74,7 @@ def _servers_under(pid: int) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def soaked(tmp_path_factory):
-    """`qwen3lab soak --duration 30s --window 8s`, its server SIGKILLed once its first window is stored."""
+    """`qwen3lab soak --duration 30s --window 8s`, its server SIGKILLed in its second window."""
     tmp = tmp_path_factory.mktemp("soak")
     path = tmp / "soak.yaml"
     path.write_text(yaml.safe_dump(EXPERIMENT, sort_keys=False))
@@ -94,7 +94,11 @@ def soaked(tmp_path_factory):
             if soaks.empty:
                 continue
             windows = Store(db).soak_windows(list(soaks.soak_id))
-            if not windows.empty and (windows.status == "ok").any():
+            # inside the second window, its load under way: a kill between windows is counted too, but as no
+            # window's crash (the next window finds the server gone)
+            if not windows.empty and (windows.status == "ok").any() and \
+                    ((windows.status == "running") & (windows.soak_window >= 1)).any():
+                time.sleep(2)  # of the 8 s window
                 (api,) = _servers_under(proc.pid)
                 killed = api.pid
                 os.kill(api.pid, signal.SIGKILL)

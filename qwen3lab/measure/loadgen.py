@@ -326,6 +326,8 @@ async def run_load(
                 on_done(rec)
             raise
         finally:
+            if rec.status is None and rec.error and not rec.chunk_times:
+                unanswered.set()  # no HTTP response at all: refused, reset, or a server going away
             if held:
                 sem.release()
         if on_done:
@@ -337,6 +339,7 @@ async def run_load(
 
     # One connection per request (Connection: close): nothing to pool, nothing to close at the end.
     stalled: list[str] = []
+    unanswered = asyncio.Event()
     flights: list = []  # (task, record, t0) for the stall watch
     watch = asyncio.create_task(_watch_stalls(flights, workload.stall_timeout_s, stalled))
     t0 = time.perf_counter()
@@ -372,6 +375,9 @@ async def run_load(
                     await asyncio.sleep(delay)
             elif closed:
                 await sem.acquire()
+            if unanswered.is_set() and should_stop and not stalled:
+                await _settle(should_stop)
+                unanswered.clear()
             if stalled or (deadline is not None and time.perf_counter() - t0 >= deadline) or \
                     (should_stop and should_stop()):
                 if closed:
@@ -393,6 +399,15 @@ async def run_load(
     duration = time.perf_counter() - t0
     return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags,
                       stalled[0] if stalled else None)
+
+
+async def _settle(should_stop: Callable[[], bool], grace_s: float = 2.0) -> None:
+    """A request got no response: before sending more, give a dying server the time to show it is gone. A
+    SIGKILLed vLLM refuses connections a moment before its process can be reaped, and a closed loop sent
+    hundreds of requests into that moment, each stored as a failure."""
+    end = time.perf_counter() + grace_s
+    while time.perf_counter() < end and not should_stop():
+        await asyncio.sleep(0.05)
 
 
 def _raise_first(outcomes: list) -> None:
