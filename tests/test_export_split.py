@@ -57,7 +57,8 @@ def test_bash_starts_both_servers_and_the_router_as_built(printer, env, extra):
     assert len(seen) == 3
     engines = config.route_engines()
     for i, (name, cfg) in enumerate(engines.items()):
-        want = exec_argv(cfg, export.SPLIT_PORTS[name], build, host="127.0.0.1")[1:]
+        argv = exec_argv(cfg, export.SPLIT_PORTS[name], build, host="127.0.0.1")
+        want = argv[argv.index(str(printer)) + 1:]  # after a taskset prefix, if any
         [mine] = [s for s in seen if s["argv"] == want]
         assert {k: mine["env"][k] for k in env} == env and mine["env"]["CUDA_VISIBLE_DEVICES"] == str(i)
     [router] = [s for s in seen if "router" in s["argv"]]
