@@ -51,13 +51,20 @@ def free_port() -> int:
 
 
 class HandServer:
-    """`vllm serve` as a user starts it by hand: the module, vLLM's defaults, output to a log file."""
+    """`vllm serve` as a user starts it by hand: the module, vLLM's defaults, output to a log file, on the cores
+    qwen3lab's own launch and stored command use."""
 
     def __init__(self, log: Path, timeout_s: float = 900):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(resolve_model_path(MODEL))
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+        from qwen3lab.experiment.spec import EngineConfig
+        from qwen3lab.measure import engine
+
+        # the server on the cores qwen3lab launches it on (engine.cpu_server_pin, in the command it stores):
+        # the launch path then differs by the launcher alone
+        pin = engine.cpu_server_pin(EngineConfig(model=MODEL), engine.probe_build(sys.executable))
+        argv = [*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                 "--load-format", "dummy", "--max-model-len", "2048", "--port", str(self.port)]
         self.log = open(log, "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=_env(),
