@@ -96,12 +96,14 @@ def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):
 # Prompts of 64 tokens, 128 generated. With max_num_seqs 4, a fifth request in flight waits for a whole
 # 128-token generation before its first token (seconds on a CPU), while with vLLM's defaults every request
 # is scheduled at once and only prefill sits before its first token (tens of ms): a 1 s TTFT target parts them.
+# Tolerance 0.34 and 6 points: whichever of 2, 4, 8, 16, 32 fails first, the bisection reaches the tolerance
+# within the points (a CI machine that passed 8 and failed 16 and 12 stopped at 8..12 with 5 points, 0.33 wide).
 EXPERIMENT = {
     "name": "cap-test", "gpu": "cpu", "engine": TINY,
     "workload": {"mix": [{"name": "q", "prompt_tokens": 64, "output_tokens": 128}], "num_requests": 12,
                  "warmup_requests": 8,  # before the first point only: a fresh server's first requests are slow
-                 "capacity": {"axis": "concurrency", "start": 2, "min_attainment": 0.9, "tolerance": 0.3,
-                              "max_points": 5, "requests_per_point": 12, "warmup_per_point": 1}},
+                 "capacity": {"axis": "concurrency", "start": 2, "min_attainment": 0.9, "tolerance": 0.34,
+                              "max_points": 6, "requests_per_point": 12, "warmup_per_point": 1}},
     "slo": {"ttft_ms": 1000},
     "trials": [{"name": "max-num-seqs-4", "engine.max_num_seqs": 4}, {"name": "vllm-defaults"}],
 }
@@ -157,7 +159,8 @@ def test_bisection_on_a_real_server_lands_between_last_pass_and_first_fail(searc
     fails = [p.load for p in result.points if not p.passed]
     assert result.capacity == result.low == max(x for x in passes if x < min(fails))
     assert result.high == min(fails) and result.low < result.high
-    assert (result.high - result.low) / result.high <= 0.3 or result.high - result.low == 1
+    spec = result.trial.workload.capacity
+    assert (result.high - result.low) / result.high <= spec.tolerance or result.high - result.low == 1
     stored = store.capacity_points([result.search_id])
     assert list(stored.point_verdict) == ["pass" if p.passed else "fail" for p in result.points]
     assert all(0 <= a <= 1 for a in stored.attainment)
