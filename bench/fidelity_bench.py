@@ -3,7 +3,8 @@
 Endpoint path: one vLLM server started by hand (its module, vLLM's defaults, log to a file), then rounds that
 alternate `qwen3lab run` of a `kind: endpoint` experiment (the real CLI, a subprocess, a fresh DuckDB each
 round) with `vllm bench serve` (its module through bench/vllm_bench_serve.py; random dataset, the same lengths,
-`--ignore-eos`, the same warm-ups), so that drift of the machine hits both; the server's own mean TTFT and TPOT
+`--ignore-eos`, the same warm-ups), so that drift of the machine hits both; both clients run on the cores the
+server's pin leaves (`--client-cpus`), so neither takes CPU from the server it measures; the server's own mean TTFT and TPOT
 over each round referee when the clients disagree. The launch path (`--launch-rounds`): rounds that alternate
 `qwen3lab run` of the experiment with `kind: vllm` (qwen3lab starts the server) and the same run against a
 server started by hand (`kind: endpoint`), a fresh server each: one client, only the launcher differs.
@@ -40,6 +41,28 @@ TOOLS = ("vllm bench serve", "qwen3lab run")
 
 def _env(repo: Path = REPO) -> dict:
     return {**os.environ, "PYTHONPATH": str(repo), "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+CLIENT_CPUS: set[int] | None = None  # where both clients of the endpoint rounds run (--client-cpus)
+
+
+def _pin_client() -> None:
+    if CLIENT_CPUS:
+        os.sched_setaffinity(0, CLIENT_CPUS)
+
+
+def default_client_cpus() -> set[int] | None:
+    """The cores the server's pin leaves (engine.cpu_server_pin): core 0 on this 2-core machine. Unpinned, a
+    heavier client also runs on the server's core and slows the very server it measures (vllm bench serve's
+    client, 0.05 s of CPU per 1,000 tokens against qwen3lab's 0.03, saw 7% less throughput on the same server)."""
+    from qwen3lab.experiment.spec import EngineConfig
+    from qwen3lab.measure import engine
+
+    pin = engine.cpu_server_pin(EngineConfig(model=MODEL), engine.probe_build(sys.executable))
+    if not pin:
+        return None
+    server = {int(c) for c in pin[-1].split(",")}
+    return (os.sched_getaffinity(0) - server) or None
 
 
 def free_port() -> int:
@@ -136,9 +159,13 @@ def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
             "--random-input-len", str(args.tokens), "--random-output-len", str(args.tokens),
             "--random-range-ratio", "0", "--num-prompts", str(args.requests), "--max-concurrency",
             str(args.concurrency), "--num-warmups", str(args.warmup), "--ignore-eos", "--seed", "0",
+            # greedy, as qwen3lab's workload sends by default (temperature 0.0): without it vllm bench serve sends
+            # no temperature, the server samples at 1.0, and its TPOT was 11% longer for that work alone
+            "--temperature", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
             "--save-result", "--result-dir", str(work), "--result-filename", f"{tag}.json"]
-    subprocess.run(argv, check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv, check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   preexec_fn=_pin_client)
     out = json.loads((work / f"{tag}.json").read_text())
     return {"output_throughput": out["output_throughput"], "median_ttft_ms": out["median_ttft_ms"],
             "p99_ttft_ms": out["p99_ttft_ms"], "median_tpot_ms": out["median_tpot_ms"],
@@ -167,7 +194,9 @@ def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) ->
     exp.write_text(experiment_yaml(args, engine))
     subprocess.run([sys.executable, "-m", "qwen3lab", "run", str(exp), "--db", str(db), "--runs-dir",
                     str(work / "runs"), "--fresh"], check=True, env=_env(repo), stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, cwd=work)
+                   stderr=subprocess.DEVNULL, cwd=work,
+                   # a launched server would inherit the client's cores: only an endpoint run's client is pinned
+                   preexec_fn=_pin_client if engine.get("kind") == "endpoint" else None)
     runs = Store(db).runs(with_json=True)
     row = runs.iloc[0]
     if row.status != "ok":
@@ -264,11 +293,17 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128, help="prompt and output tokens per request")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests before each measured load")
+    ap.add_argument("--client-cpus", default="auto", help="CPUs both clients of the endpoint rounds run on: "
+                    "auto (the cores the server's pin leaves, core 0 here), none (unpinned), or a list like 0")
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))
     args = ap.parse_args()
+    global CLIENT_CPUS
+    CLIENT_CPUS = (default_client_cpus() if args.client_cpus == "auto" else None if args.client_cpus == "none"
+                   else {int(c) for c in args.client_cpus.split(",")})
     console = Console(width=250)
+    console.print(f"endpoint rounds' clients on CPUs {sorted(CLIENT_CPUS) if CLIENT_CPUS else 'any'}")
     load_before = machine_load()
-    result = {"args": vars(args), "load_before": load_before}
+    result = {"args": vars(args), "client_cpus": sorted(CLIENT_CPUS or []), "load_before": load_before}
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         what = f"{args.requests} requests x {args.tokens} in / {args.tokens} out, concurrency {args.concurrency}"
         if args.rounds:
