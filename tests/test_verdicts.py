@@ -311,6 +311,27 @@ def test_repeats_auto_launches_the_leading_two_until_they_separate(tmp_path, das
     assert runner.auto_launch(store2, trials) is None
 
 
+def test_repeats_auto_counts_unreliable_launches_toward_max_repeats(tmp_path, dash, sched):
+    """A launch marked unreliable is left out of the verdict but was launched: max_repeats (3) caps it too, or on
+    a busy machine that flags many launches the leading two would be launched again and again."""
+    from qwen3lab.experiment import files as xp
+    from qwen3lab.measure import executor as runner
+
+    (tmp_path / "auto.yaml").write_text(AUTO_YAML)
+    a, b, c = trials = xp.expand(xp.load(tmp_path / "auto.yaml"))
+    by = {r.row["trial"]: r.run_id for r in sched}
+    store = Store(tmp_path / "flagged.duckdb")
+    for t, src in ((a, "max-num-seqs-128"), (b, "max-num-seqs-128"), (c, "max-num-seqs-4")):
+        for _ in range(2):
+            _store_as(store, dash, by[src], t)
+    flag = "unreliable: client used 80% of a core (> 50%)"
+    store.update_run(_store_as(store, dash, by["max-num-seqs-128"], a), validity=flag)
+    extra = runner.auto_launch(store, trials)
+    assert extra is not None and extra.name == "b"  # a has launched 3 times, b twice: b is behind
+    store.update_run(_store_as(store, dash, by["max-num-seqs-128"], b), validity=flag)
+    assert runner.auto_launch(store, trials) is None  # both launched max_repeats times, two reliable each
+
+
 def test_bad_repeats_is_refused_naming_the_field(tmp_path):
     from qwen3lab.errors import SpecErrors
     from qwen3lab.experiment import files as xp
