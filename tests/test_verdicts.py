@@ -157,6 +157,25 @@ def test_identical_requests_are_paired_by_block(sched):
     assert not stats.paired([la], [dataclasses.replace(lb, digest=None)])
 
 
+def test_two_launches_a_side_of_identical_requests_are_paired_by_block():
+    """Made-up TTFTs: the same 200 requests (one digest) in two launches a trial, B 5% slower on every request;
+    the request-to-request noise is shared, so only the launches' own 1% spread is left once paired."""
+    rng = np.random.default_rng(7)
+    base = rng.lognormal(np.log(0.2), 0.5, size=200)  # seconds: the noise the request mix itself brings
+
+    def launches(slower: float) -> list[stats.Launch]:
+        return [stats.Launch((base * slower * f)[:, None], "same-digest") for f in (1.0, 1.01)]
+
+    a, b = launches(1.05), launches(1.0)
+    assert stats.paired(a, b)
+    p95 = compare.STATISTICS["p95_ttft_ms"]
+    pairs = stats.compare_trials(a, b, p95, relative=True, n_boot=1000)
+    apart = stats.compare_trials([dataclasses.replace(x, digest=None) for x in a], b, p95, relative=True, n_boot=1000)
+    assert pairs.low > 0 and pairs.low <= 5 <= pairs.high
+    assert apart.low < 0 < apart.high  # unpaired, the request mix hides the 5%
+    assert pairs.high - pairs.low < (apart.high - apart.low) / 5
+
+
 def test_holm():
     assert list(stats.holm([0.01, 0.04, 0.03, 0.5])) == [True, False, False, False]  # 0.01 <= .05/4; .03 > .05/3
     assert list(stats.holm([0.001, 0.012, 0.02])) == [True, True, True]
