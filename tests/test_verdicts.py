@@ -371,6 +371,60 @@ def test_winners_skip_unreliable_runs_unless_asked(tmp_path, dash):
     assert asked.winner_trial.key == first.winner_trial.key
 
 
+# --- 6. measurement validity ------------------------------------------------------------------------------
+def _made_up(n: int = 40, ttft: np.ndarray | None = None, gap_s: float = 0.01):
+    """n ok requests, 8 chunks each gap_s apart, sent 0.1 s apart."""
+    from qwen3lab.analysis.metrics import RequestTable
+
+    ttft = np.full(n, 0.1) if ttft is None else ttft
+    return RequestTable.from_columns(ok=[True] * n, ttft=ttft, e2el=ttft + 7 * gap_s, prompt_tokens=[32] * n,
+                                     output_tokens=[8] * n, chunk_times=[t + gap_s * np.arange(8) for t in ttft],
+                                     request_class=["fixed"] * n, sent_at=0.1 * np.arange(n))
+
+
+def test_each_validity_threshold_marks_a_run_unreliable_and_a_clean_run_is_not():
+    from qwen3lab.analysis import validity as v
+
+    duration, planned = 5.0, 0.1 * np.arange(40)
+    slow_start = np.where(np.arange(40) < 10, 0.1 * v.MAX_WARMUP_TTFT_RATIO * 1.5, 0.1)
+
+    def label(table=None, cpu_share=0.1, lag_s=0.0) -> str | None:
+        table = table if table is not None else _made_up()
+        return v.label(v.assess(table, duration, cpu_share * duration, planned + lag_s, planned))
+
+    assert label() is None  # a clean run
+    marked = {"tokens read in bursts": label(_made_up(gap_s=v.NEAR_ZERO_GAP_S / 10)),
+              "of a core": label(cpu_share=v.MAX_CLIENT_CPU_SHARE * 1.2),
+              "behind the arrival schedule": label(lag_s=v.MAX_SCHEDULE_LAG_S * 1.2),
+              "engine still warming up": label(_made_up(ttft=slow_start))}
+    for reason, got in marked.items():  # each alone: "unreliable: <that one reason>"
+        assert got and got.startswith("unreliable: ") and reason in got and ";" not in got, (reason, got)
+    # just under each threshold: clean
+    just_under = np.where(np.arange(40) < 10, 0.1 * v.MAX_WARMUP_TTFT_RATIO * 0.9, 0.1)
+    assert label(cpu_share=v.MAX_CLIENT_CPU_SHARE * 0.9, lag_s=v.MAX_SCHEDULE_LAG_S * 0.9) is None
+    assert label(_made_up(ttft=just_under)) is None and label(_made_up(gap_s=v.NEAR_ZERO_GAP_S * 2)) is None
+
+
+def test_runs_and_show_print_unreliable_with_its_reason(tmp_path):
+    from rich.console import Console
+
+    from qwen3lab import terminal
+    from qwen3lab.analysis import validity
+
+    store = Store(tmp_path / "flagged.duckdb")
+    rid, = importers.import_files(store, [DETAILED])
+    run, = compare.load_runs(store, [rid])
+    marked = validity.label(validity.assess(run.table, run.duration, client_cpu_s=run.duration))  # a whole core
+    assert marked and marked.startswith("unreliable: client used 100% of a core")
+    store.update_run(rid, validity=marked)
+    console = Console(width=200, record=True)
+    console.print(terminal.runs_table(store.runs()))
+    assert "unreliable: client used" in console.export_text()
+    shown = _cli("show", rid, "--db", str(store.path))
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["validity"] == marked
+
+
 # --- the same chapter measured twice: real launches --------------------------------------------------------
 def test_two_real_measurements_of_a_chapter_never_name_two_confident_winners(tmp_path):
     """The demo's chapter ran each trial twice, interleaved: launch 1 of every trial is one measurement of the
