@@ -191,15 +191,17 @@ def test_a_a_splits_are_called_better_at_most_about_five_percent(sched):
         for seed in range(20):
             a, b = _halves(run, seed)
             for metric, higher in compare.METRICS.items():
-                iv = compare.difference(a, b, SLO(ttft_p95_ms=1500, tpot_p95_ms=50), metric, n_boot=400)
+                iv = compare.difference(a, b, SLO(ttft_p95_ms=1500, tpot_p95_ms=50), metric, n_boot=1000)
                 calls += stats.verdict(iv, higher, iv.excludes_zero, (2, 2)) == "better"
                 total += 1
-    assert total >= 150 and calls / total <= 0.075, f"{calls} of {total} A/A comparisons called better"
+    # fixed seeds (the splits' and the bootstrap's): the same count every run, so the bound is the issue's 5%
+    assert total >= 150 and calls / total <= 0.05, f"{calls} of {total} A/A comparisons called better"
 
 
 def test_a_chapter_measured_twice_never_names_two_confident_winners(sched):
     """Each trial's rows split in two halves: two measurements of one chapter; confident winners must agree."""
-    slo = SLO(ttft_p95_ms=1500, tpot_p95_ms=50)
+    slo = SLO(ttft_p95_ms=3000, tpot_p95_ms=100)  # limits the halves can meet: a winner to name, or this is vacuous
+    agreed = 0
     for seed in range(6):
         winners = []
         for half in (0, 1):
@@ -209,6 +211,8 @@ def test_a_chapter_measured_twice_never_names_two_confident_winners(sched):
             if w.winner_trial is not None and w.margin is not None and w.margin.excludes_zero:
                 winners.append(w.winner_trial.key)
         assert len(set(winners)) <= 1, f"seed {seed}: two confident winners {winners}"
+        agreed += len(winners) == 2
+    assert agreed, "no split named a confident winner in both halves: the check above held nothing"
 
 
 # --- 5. re-scoring from the CLI --------------------------------------------------------------------------
@@ -436,12 +440,20 @@ def test_two_real_measurements_of_a_chapter_never_name_two_confident_winners(tmp
     first_round = [t.launches[-1] for t in compare.trials_of(runs)]  # launches are newest first
     second_round = [t.launches[0] for t in compare.trials_of(runs)]
     slo = SLO(ttft_p95_ms=1500, tpot_p95_ms=50)
-    confident = []
+    confident, decided = [], []
     for measurement in (first_round, second_round):
         w = compare.pick_winner(measurement, slo, n_boot=1000)
         if w.margin is not None and w.margin.excludes_zero:
             confident.append(w.winner_trial.key)
+        # The leading two of these rows swap between the rounds within noise, so no confident winner of the
+        # chapter is named: a contest each round can decide (a batch of 4 sequences against 128) shows that
+        # confident winners do get named, and agree, so the check is not held by intervals that never close.
+        pair = [r for r in measurement if r.row["trial"] in ("max-num-seqs-128", "max-num-seqs-4")]
+        clear = compare.pick_winner(pair, slo, n_boot=1000)
+        assert clear.margin is not None and clear.margin.excludes_zero, clear.margin
+        decided.append(clear.winner_trial.key)
     assert len(set(confident)) <= 1, confident
+    assert len(set(decided)) == 1, decided
     pooled = compare.pick_winner(runs, slo, n_boot=1000)
     assert pooled.winner_trial is not None and len(pooled.winner_trial.launches) == 2
     assert "launch-to-launch spread unknown" not in pooled.verdict
