@@ -81,19 +81,21 @@ def trial_value(launches: Sequence[Launch], stat: Statistic) -> float:
 
 
 def hierarchical_draws(launches: Sequence[Launch], stat: Statistic, n_boot: int, rng: np.random.Generator,
-                       inner: list[np.ndarray] | None = None) -> np.ndarray:
+                       inner: list[np.ndarray] | None = None, which_inner: np.ndarray | None = None) -> np.ndarray:
     """n_boot bootstrap values of the trial's figure: launches drawn with replacement, then units within each.
 
-    inner: per launch, (n_boot, n_units) resample indices to use (shared between two trials to pair them).
+    inner: per launch, (n_boot, n_units) resample indices to use; which_inner: (n_boot, >= n launches), which of
+    those resamples the k-th launch of each draw uses. Both shared with another trial pair the two by block.
     """
     n = len(launches)
     inner = inner or [rng.integers(0, len(x.units), size=(n_boot, len(x.units))) for x in launches]
     per_launch = np.stack([_launch_draws(x, stat, idx) for x, idx in zip(launches, inner)])  # (n, n_boot)
-    if n == 1:
+    if n == 1 and which_inner is None:
         return per_launch[0]
     pick = rng.integers(0, n, size=(n_boot, n))  # which launches a draw holds
-    which_inner = rng.integers(0, n_boot, size=(n_boot, n))  # an independent inner resample for each pick
-    return per_launch[pick, which_inner].mean(axis=1)
+    if which_inner is None:  # an independent inner resample for each pick
+        which_inner = rng.integers(0, n_boot, size=(n_boot, n))
+    return per_launch[pick, which_inner[:, :n]].mean(axis=1)
 
 
 def compare_trials(a: Sequence[Launch], b: Sequence[Launch], stat: Statistic, relative: bool = False,
@@ -106,10 +108,17 @@ def compare_trials(a: Sequence[Launch], b: Sequence[Launch], stat: Statistic, re
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(combine(np.float64(trial_value(a, stat)), np.float64(trial_value(b, stat))))
     if paired(a, b):
+        # Each draw's k-th launch on either side resamples the same request blocks, so the noise the request mix
+        # contributes cancels in the difference. Launches themselves are still drawn independently: A's and B's
+        # launches are separate server starts with nothing known in common, and their newest-first lists hold
+        # only the ok, reliable launches (a failed, unreliable or extra `auto` launch shifts the rest), so the
+        # i-th of each is not reliably one interleaved round; pairing them would claim a correlation not measured.
         n_units = len(a[0].units)
         shared = rng.integers(0, n_units, size=(n_boot, n_units))
-        da = hierarchical_draws(a, stat, n_boot, rng, [shared] * len(a))
-        db = hierarchical_draws(b, stat, n_boot, rng, [shared] * len(b))  # launches still drawn independently
+        n = max(len(a), len(b))  # one launch a side: draw k is resample k on both sides already
+        which = rng.integers(0, n_boot, size=(n_boot, n)) if n > 1 else None
+        da = hierarchical_draws(a, stat, n_boot, rng, [shared] * len(a), which)
+        db = hierarchical_draws(b, stat, n_boot, rng, [shared] * len(b), which)
     else:
         da = hierarchical_draws(a, stat, n_boot, rng)
         db = hierarchical_draws(b, stat, n_boot, rng)

@@ -163,7 +163,9 @@ def auto_launch(store: Store, trials: list[Trial]) -> Trial | None:
 
     While the leading two trials under the chapter's SLOs cannot be told apart (their goodput interval holds
     zero) and both have fewer than max_repeats launches, the one with fewer launches gets one more. Once they
-    separate, or the cap is reached, the verdict stands.
+    separate, or the cap is reached, the verdict stands. The verdict reads the reliable ok launches, but every
+    stored launch counts toward the cap (unreliable and failed ones too: each started a server), or on a busy
+    machine that flags many launches max_repeats would be no cap.
     """
     from qwen3lab.analysis import comparable, compare
 
@@ -178,8 +180,15 @@ def auto_launch(store: Store, trials: list[Trial]) -> Trial | None:
         return None  # the chapter's trials sent different requests: no pair to separate
     if w.winner_trial is None or w.runner_up_trial is None or not w.within_noise:
         return None
-    first = min((w.winner_trial, w.runner_up_trial), key=lambda t: len(t.launches))
-    return by_key[first.key] if len(first.launches) < (by_key[first.key].max_repeats or 0) else None
+    launched = {t.key: _launched(store, t.key) for t in (w.winner_trial, w.runner_up_trial)}
+    first = min(launched, key=launched.get)
+    return by_key[first] if launched[first] < (by_key[first].max_repeats or 0) else None
+
+
+def _launched(store: Store, trial_key: str) -> int:
+    """Launches of a trial that started a server and ended: ok (reliable or not) and failed."""
+    runs = store.trial_runs(trial_key)
+    return int(runs.status.isin(selection.MEASURED + selection.FAILED).sum()) if not runs.empty else 0
 
 
 def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_failed: bool = False,
@@ -232,7 +241,11 @@ def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_fa
         launch(trial, round_)
     for chapter in dict.fromkeys(t.chapter for t in planned.trials):  # repeats: auto, until the verdict stands
         mine = [v.trial for v in planned.verdicts if v.trial.chapter == chapter and v.ok]
-        while (extra := auto_launch(store, mine)) is not None:
+        # at most the extra launches max_repeats allows, however the store counts: a launch whose row it
+        # refused (DuckDB refusing writes) must not make auto_launch ask for the same launch forever
+        allowed = sum((t.max_repeats or t.repeats) - t.repeats for t in mine)
+        while allowed > 0 and (extra := auto_launch(store, mine)) is not None:
+            allowed -= 1
             listener.extra_launch(extra)
             result = launch(extra, None)
             if result is None or result.status != "ok":
