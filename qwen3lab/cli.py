@@ -445,7 +445,7 @@ def router(
     port: int = typer.Option(9000, "--port", help="Port to listen on."),
     max_connections: int = typer.Option(256, "--max-connections", help="Connection pool size per backend; more requests wait."),
     connect_timeout_s: float = typer.Option(5.0, "--connect-timeout", help="Seconds to connect to a backend."),
-    read_timeout_s: float = typer.Option(600.0, "--read-timeout", help="Longest silence, in seconds, between two chunks of a backend's stream."),
+    read_timeout_s: float = typer.Option(600.0, "--read-timeout", help="Longest silence, in seconds, from a backend: before its response starts (then 504) and between two chunks of its stream (then an SSE error event ends it)."),
 ):
     """An OpenAI-compatible streaming proxy that sends short prompts to one vLLM server and long ones to another."""
     from qwen3lab.measure import router as rt

@@ -1,5 +1,6 @@
 """Secrets are never stored: values of env vars and flags named like a token, key, secret or password (and an
-endpoint's api_key) are replaced by `<redacted>` in run rows, the spool, server logs and so in exports and the
+endpoint's api_key) are replaced by `<redacted>` in run rows, the spool, every log a run wrote
+(a split topology's two servers and its router too) and so in exports and the
 dashboard, which only read what was stored. The names are matched by whole parts (HF_TOKEN, VLLM_API_KEY,
 --api-key), so max_num_batched_tokens or TOKENIZERS_PARALLELISM are not mistaken for secrets.
 """
@@ -20,7 +21,17 @@ def is_secret_name(name: str) -> bool:
 
 
 def secret_values(config: Any) -> list[str]:
-    """The secret values a config carries: secret-named env vars, values of secret-named flags, api_key."""
+    """The secret values a config carries: secret-named env vars, values of secret-named flags, api_key; for a
+    split topology also those of each route's server (a route's overrides may set its own HF_TOKEN or --api-key)."""
+    configs = [config]
+    if getattr(config, "topology", None) is not None:
+        configs += config.route_engines().values()
+    values = [v for c in configs for v in _own_secrets(c)]
+    # longest first, so a secret that contains another is replaced whole
+    return sorted({v for v in values if v and len(v) >= MIN_SECRET_LEN and v != REDACTED}, key=len, reverse=True)
+
+
+def _own_secrets(config: Any) -> list[str]:
     values = [v for k, v in (getattr(config, "env", None) or {}).items() if is_secret_name(k)]
     args = list(getattr(config, "extra_args", None) or [])
     for i, arg in enumerate(args):
@@ -32,8 +43,7 @@ def secret_values(config: Any) -> list[str]:
                 values.append(args[i + 1])
     if getattr(config, "api_key", None):
         values.append(config.api_key)
-    # longest first, so a secret that contains another is replaced whole
-    return sorted({v for v in values if v and len(v) >= MIN_SECRET_LEN and v != REDACTED}, key=len, reverse=True)
+    return values
 
 
 class Redactor:
@@ -54,6 +64,10 @@ class Redactor:
         if isinstance(obj, (list, tuple)):
             return type(obj)(self(v) for v in obj)
         return obj
+
+    def files(self, paths) -> None:
+        for path in paths:
+            self.file(path)
 
     def file(self, path: str | os.PathLike) -> None:
         """Rewrite a file (a server log: vLLM prints its non-default args, --api-key included) without them."""

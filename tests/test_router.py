@@ -8,9 +8,13 @@ import json
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
+from contextlib import contextmanager
 
 import pytest
 from typer.testing import CliRunner
@@ -158,6 +162,112 @@ def test_backend_down_at_start_is_named(backend, tmp_path):
         assert status == 502 and f"backend long ({dead}) is unreachable" in json.loads(raw)["error"]["message"]
         text = engine.http_get(url + "/metrics")[1].decode()
         assert 'qwen3lab_router_errors_total{reason="unreachable",route="long"} 1.0' in text
+
+
+def test_router_listens_on_loopback_only_by_default(tmp_path):
+    """`qwen3lab router` as a user types it, without --host: only 127.0.0.1 is listened on, and this host's other
+    addresses refuse. Its backends need not be up to start (the tokenizer is given)."""
+    import psutil
+
+    port = engine.free_port()
+    argv = [sys.executable, "-m", "qwen3lab", "router", "--route", "short=http://127.0.0.1:9", "--route",
+            "long=http://127.0.0.1:9", "--threshold-tokens", str(THRESHOLD), "--tokenizer", TINY_TOKENIZER,
+            "--port", str(port)]
+    with open(tmp_path / "router.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if engine.http_get(f"http://127.0.0.1:{port}/metrics", timeout=1)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "router.log").read_text()
+        listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process(proc.pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN}
+        assert listening == {("127.0.0.1", port)}
+        others = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                  if a.family == socket.AF_INET and not a.address.startswith("127.")]
+        for address in others:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((address, port), timeout=5).close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+READ_TIMEOUT_S = 2.0
+_FIRST_EVENT = b'data: {"choices": [{"text": "a"}]}\n\n'
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            + b"%x\r\n" % len(_FIRST_EVENT) + _FIRST_EVENT + b"\r\n")  # one chunk of the chunked body
+
+
+@contextmanager
+def silent_backend(head: bytes):
+    """A hung backend: it accepts a request, writes `head` (nothing, or a stream's first event) and then nothing
+    more, holding the connection open until the test ends."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    held, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except (TimeoutError, OSError):
+                continue
+            held.append(conn)
+            try:
+                conn.settimeout(10)
+                conn.recv(1 << 16)  # the request
+                conn.sendall(head)
+            except OSError:
+                pass  # the router left first: nothing to hold
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+@pytest.mark.parametrize("head", [b"", SSE_HEAD], ids=["before-the-response", "mid-stream"])
+def test_a_silent_backend_ends_the_request_with_a_timeout_error_after_the_read_timeout(tmp_path, head):
+    """A backend that accepts the request and goes silent: the client gets a timeout error naming the backend
+    once --read-timeout has passed (a 504 before the response starts, an SSE error event mid-stream), not a hang."""
+    with silent_backend(head) as url:
+        cfg = router.RouterConfig({"short": url, "long": url}, THRESHOLD, tokenizer=TINY_TOKENIZER,
+                                  port=engine.free_port(), read_timeout_s=READ_TIMEOUT_S)
+        with router.launch(cfg, tmp_path / "router.log") as running:
+            parts = urllib.parse.urlsplit(running.url)
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=READ_TIMEOUT_S + 30)
+            conn.request("POST", "/v1/completions", json.dumps(completion("m", "hello")),
+                         {"Content-Type": "application/json"})
+            silent_since = time.monotonic()
+            resp = conn.getresponse()
+            if head:
+                assert resp.status == 200 and resp.readline().startswith(b"data:")  # the backend's own event
+                silent_since = time.monotonic()
+            rest = resp.read()
+            took = time.monotonic() - silent_since
+            conn.close()
+            metrics_text = engine.http_get(running.url + "/metrics")[1].decode()
+    assert READ_TIMEOUT_S * 0.9 <= took < READ_TIMEOUT_S + 10, took
+    if head:
+        assert b"[DONE]" not in rest
+        message = events(rest)[-1]["error"]["message"]
+        assert f"backend short ({url}) broke off the response mid-stream (no data for {READ_TIMEOUT_S:g} s" in message
+    else:
+        assert resp.status == 504 and resp.getheader(router.ROUTE_HEADER) == "short"
+        message = json.loads(rest)["error"]["message"]
+        assert f"backend short ({url}) sent no response within {READ_TIMEOUT_S:g} s (--read-timeout)" in message
+    assert 'qwen3lab_router_errors_total{reason="timeout",route="short"} 1.0' in metrics_text
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])

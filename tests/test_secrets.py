@@ -9,7 +9,7 @@ import pytest
 
 from qwen3lab.analysis import export
 from qwen3lab.experiment.spec import EngineConfig, Trial
-from qwen3lab.measure import runner
+from qwen3lab.measure import runner, topology
 from qwen3lab.redact import REDACTED, Redactor, is_secret_name
 from qwen3lab.store import Store
 
@@ -77,6 +77,44 @@ def test_secrets_are_redacted_everywhere_they_could_land(tmp_path, monkeypatch):
         assert not at.exception, [e.value for e in at.exception]
         shown = "\n".join(str(c.value) for c in at.code)
         assert shown and not leaked(shown), page
+
+
+def test_a_secret_on_one_route_of_a_split_topology_is_redacted_in_its_row_and_every_log(tmp_path):
+    """A token and an --api-key set on the long route only. No server: the run is begun and finished as the runner
+    does, around the three logs a split launch writes, filled here as vLLM and the router would fill them (vLLM
+    prints its non-default args, the api key included)."""
+    long = {"env": {"HF_TOKEN": SECRETS["HF_TOKEN"]}, "extra_args": ["--api-key", SECRETS["api"]]}
+    cfg = tiny_config(topology={"kind": "split", "threshold_tokens": 100,
+                                "routes": {"short": {"max_model_len": 1024}, "long": long}})
+    assert SECRETS["api"] in topology.launch_command(cfg)  # what would be stored, were it not redacted
+    trial = Trial(experiment="secrets", name="split", engine=cfg, workload=small_workload())
+    db = tmp_path / "s.duckdb"
+    store = Store(db)
+    begun = runner.begin_run(trial, store, runs_dir=tmp_path / "runs")
+    logs = topology.log_paths(cfg, begun.log_path)
+    assert sorted(logs) == ["long", "router", "short"] and logs["short"] == begun.log_path
+    for name, path in logs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{name}: non-default args: {{'api_key': ['{SECRETS['api']}']}}, "
+                        f"HF_TOKEN={SECRETS['HF_TOKEN']}\n")
+    runner.finish(store, begun, "failed", f"the long server exited: args --api-key {SECRETS['api']}", None, {},
+                  log=lambda _: None)
+
+    def leaked(text: str) -> list[str]:
+        return [name for name, value in SECRETS.items() if value in text]
+
+    row = store.run(begun.run_id)
+    assert not leaked(json.dumps(row, default=str)) and not leaked(db.read_bytes().decode("latin-1"))
+    stored_long = row["config"]["topology"]["routes"]["long"]
+    assert stored_long == {"env": {"HF_TOKEN": REDACTED}, "extra_args": ["--api-key", REDACTED]}
+    assert REDACTED in row["launch_command"] and REDACTED in row["reason"]
+    for name, path in logs.items():
+        text = path.read_text()
+        assert not leaked(text) and text.count(REDACTED) == 2, (name, text)
+    ex = export.export_run(row)
+    for fmt in export.SPLIT_FORMATS:
+        assert not leaked(getattr(ex, fmt)), fmt
+    assert 'HF_TOKEN="${HF_TOKEN:?' in ex.shell
 
 
 HOSTILE_NAMES = ["x'; DROP TABLE runs; --", 'q"uote', "back\\slash", "semi;colon $(id) `id`", "ünï ✓ 名前",

@@ -251,6 +251,7 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
     except Exception as exc:  # noqa: BLE001 - stored, then the next configuration goes on
         result.status, result.reason = runner.record_failure(log_path, exc)
     finally:
+        runner.hide_logs(trial.engine, log_path)
         low, high = bracket(measured)
         if result.status == "running":
             result.status = "unbounded" if high is None else "none_passed" if low is None else "ok"

@@ -9,8 +9,9 @@ unchanged (SSE events as vLLM wrote them); only two headers are added: `x-qwen3l
 Built on aiohttp, server and client: it is already a dependency, it is maintained by aio-libs with a long
 record, one library gives both sides (a streaming server response and a pooled streaming client), and on
 uvloop it adds well under a millisecond per request (bench/router_bench.py). Each backend gets its own bounded
-connection pool with keep-alive, a connect timeout and a read timeout between chunks; a stream that a backend
-breaks ends with an SSE error event naming the backend, never a hang.
+connection pool with keep-alive, a connect timeout and a read timeout (the longest silence allowed before the
+response starts and between two chunks); a backend that stays silent longer gets a 504 naming it, and a stream
+that a backend breaks or leaves silent ends with an SSE error event naming the backend, never a hang.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class RouterConfig:
     port: int = 9000
     max_connections: int = 256  # per backend: requests beyond it wait for a connection
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 600.0  # longest silence allowed between two chunks of a backend's stream
+    read_timeout_s: float = 600.0  # longest silence allowed from a backend: before its response, between two chunks
 
     def argv(self, python: str | None = None) -> list[str]:
         """The `qwen3lab router ...` command line that serves this config (exports and launches use it)."""
@@ -64,6 +65,10 @@ class RouterConfig:
             out += ["--tokenizer", self.tokenizer]
         if self.policy != "length":
             out += ["--policy", self.policy]
+        for flag, name in (("--max-connections", "max_connections"), ("--connect-timeout", "connect_timeout_s"),
+                           ("--read-timeout", "read_timeout_s")):
+            if getattr(self, name) != RouterConfig.__dataclass_fields__[name].default:  # else the CLI's default
+                out += [flag, str(getattr(self, name))]
         return out + ["--host", self.host, "--port", str(self.port)]
 
 
@@ -203,6 +208,12 @@ class Router:
         before_send = time.perf_counter() - start
         try:
             upstream = await backend.session.post(backend.url + request.path, data=raw, headers=headers)
+        except aiohttp.SocketTimeoutError:  # connected and sent, then silent: a hung backend, not a missing one
+            self.metrics.errors.labels(name, "timeout").inc()
+            msg = (f"qwen3lab router: {backend.describe()} sent no response within {self.config.read_timeout_s:g} s "
+                   f"(--read-timeout)")
+            return web.Response(status=504, body=_error_body(msg, "BackendTimeout", 504),
+                                content_type="application/json", headers={ROUTE_HEADER: name})
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.metrics.errors.labels(name, "unreachable").inc()
             msg = f"qwen3lab router: {backend.describe()} is unreachable: {type(exc).__name__}: {exc}"
@@ -244,7 +255,8 @@ class Router:
         """A backend ended its response early: an SSE error event (what vLLM itself sends) closes the stream."""
         why = "timeout" if isinstance(exc, asyncio.TimeoutError) else "disconnected"
         self.metrics.errors.labels(backend.name, why).inc()
-        detail = f"no data for {self.config.read_timeout_s:.0f} s" if why == "timeout" else f"{type(exc).__name__}: {exc}"
+        detail = f"no data for {self.config.read_timeout_s:g} s, --read-timeout" if why == "timeout" \
+            else f"{type(exc).__name__}: {exc}"
         msg = f"qwen3lab router: {backend.describe()} broke off the response mid-stream ({detail})"
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
             try:

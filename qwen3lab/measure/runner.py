@@ -236,6 +236,7 @@ class Begun:
     spool: Spool | None = None
     fields: dict = field(default_factory=dict)
     hide: Redactor | None = None
+    logs: list[Path] = field(default_factory=list)  # every log its launch writes (topology.log_paths)
 
 
 def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, notebook_path: str | None = None,
@@ -255,7 +256,7 @@ def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, no
         verdict = preflight.check(trial, machine or preflight.Machine.local(), gpu_id)
     if verdict.errors:
         raise SpecErrors(verdict.errors)
-    hide = Redactor(trial.engine)  # secret values never reach the store, the spool or the kept log
+    hide = Redactor(trial.engine)  # secret values never reach the store, the spool or the kept logs
     run_id = link.pop("run_id", None) or new_run_id()
     own_dir = Path(runs_dir) / run_id
     log_path = Path(link.pop("log_path", None) or own_dir / "server.log")
@@ -274,7 +275,8 @@ def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, no
                             spool_path=str(spool.path), **fields)
     if claim.run_id is None:
         return Begun(str(claim.held_by["run_id"]), fields["info_json"], held=claim.reason)
-    return Begun(run_id, fields["info_json"], log_path=log_path, spool=spool, fields=fields, hide=hide)
+    return Begun(run_id, fields["info_json"], log_path=log_path, spool=spool, fields=fields, hide=hide,
+                 logs=list(topology.log_paths(trial.engine, log_path).values()))
 
 
 @dataclass
@@ -380,11 +382,17 @@ def record_failure(log_path: Path, exc: BaseException) -> tuple[str, str]:
     return "failed", f"{type(exc).__name__}: {exc}"
 
 
+def hide_logs(config, log_path: str | Path) -> None:
+    """Secrets out of every log a launch of `config` wrote; for a server shared by several runs (capacity points,
+    soak windows), once it is down, so a start that failed before any run is covered too."""
+    Redactor(config).files(topology.log_paths(config, log_path).values())
+
+
 def finish(store: Store, begun: Begun, status: str, reason: str | None, summary: dict | None, extra: dict,
            refused: list[str] = (), log: Callable[[str], None] = print) -> str | None:
-    """The run's end: secrets hidden in the kept log, the last fields spooled, then stored (see _store_final).
+    """The run's end: secrets hidden in the kept logs, the last fields spooled, then stored (see _store_final).
     Returns the reason to report."""
-    begun.hide.file(begun.log_path)
+    begun.hide.files(begun.logs)
     return _store_final(store, begun.spool, begun.run_id, begun.hide(finish_fields(status, reason, summary, **extra)),
                         list(refused), log)
 

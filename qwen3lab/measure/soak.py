@@ -185,6 +185,7 @@ def _serve(trial, store, log_path, duration_s, window_s, result, experiment_path
     except EngineError as exc:  # did not start, or died starting: counted like a crash
         return exc.outcome, exc.reason
     finally:
+        runner.hide_logs(trial.engine, log_path)
         if result.up_since is not None:
             result.loaded_s += time.monotonic() - result.up_since
             result.up_since = None

@@ -75,17 +75,27 @@ class SplitServer(engine.Server):
         return "crashed", f"the router exited ({self.router_process.poll()}): {' | '.join(tail)}"
 
 
+def log_paths(config, log_path: str | os.PathLike) -> dict[str, Path]:
+    """Every log a launch of `config` writes: `log_path` (the server's; a split topology's short server), and for a
+    split topology `server-long.log` and `router.log` beside it."""
+    log_path = Path(log_path)
+    if getattr(config, "topology", None) is None:
+        return {"server": log_path}
+    return {"short": log_path, "long": log_path.with_name("server-long.log"),
+            "router": log_path.with_name("router.log")}
+
+
 @contextmanager
 def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: float = 900.0) -> Iterator[SplitServer]:
     """Start short, long, then the router; yield them as one server; stop all three on the way out.
-    Logs: `log_path` is short's, `server-long.log` and `router.log` lie beside it."""
+    Logs: see log_paths."""
     log_path = Path(log_path)
-    logs = {"short": log_path, "long": log_path.with_name("server-long.log")}
+    logs = log_paths(config, log_path)
     with ExitStack() as stack:
         servers = {name: stack.enter_context(engine.launch(cfg, logs[name], ready_timeout_s))
                    for name, cfg in route_engines(config).items()}  # in order: long starts once short is up
         rc = router_config(config, {n: s.base_url for n, s in servers.items()}, port=engine.free_port())
-        running = stack.enter_context(router.launch(rc, log_path.with_name("router.log")))
+        running = stack.enter_context(router.launch(rc, logs["router"]))
         short, long = servers["short"], servers["long"]
         server = SplitServer(
             base_url=running.url, model_name=short.model_name, launch_command=launch_command(config),
