@@ -203,7 +203,10 @@ def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) ->
         raise SystemExit(f"qwen3lab run ended {row.status}: {row.reason}")
     s = json.loads(row.summary_json)
     return {k: s[k] for k in FIELDS[:-1] + ("mean_ttft_ms", "mean_tpot_ms", "completed")} | {
-        "cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"], "loop_lag_p99_ms": s.get("client_loop_lag_p99_ms"),
+        "cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"],
+        # of it, the /metrics scraper's process (telemetry vLLM's tool does not do)
+        "scraper_cpu_s_per_1k_tokens": 1000 * s.get("scraper_cpu_s", float("nan")) / max(s["total_output_tokens"], 1),
+        "loop_lag_p99_ms": s.get("client_loop_lag_p99_ms"),
         "loop_lag_max_ms": s.get("client_loop_lag_max_ms")}
 
 
@@ -274,6 +277,11 @@ def compare(rows: dict, title: str, console, cpu_half: bool = True) -> dict:
             console.print(f"{name}: " + ", ".join(
                 f"{m} client/server {statistics.median(x[f'mean_{m}_ms'] / x[f'server_mean_{m}_ms'] for x in runs):.3f}"
                 for m in ("ttft", "tpot")) + " (medians over rounds of the means' ratio)")
+    for name, runs in rows.items():
+        if all("scraper_cpu_s_per_1k_tokens" in x for x in runs):
+            scraper = statistics.median(x["scraper_cpu_s_per_1k_tokens"] for x in runs)
+            console.print(f"{name}: client CPU {med[name]['cpu_s_per_1k_tokens']:.4f} s per 1k tokens, of which the "
+                          f"/metrics scraper {scraper:.4f} (medians)")
     console.print(f"{ours} / {theirs} (medians): " + ", ".join(
         f"{k} {ratios[k]:.3f} {'ok' if meets[k] else 'MISSED'}" for k in FIELDS))
     return {"rounds": rows, "median": med, "ratio": ratios, "meets_target": meets}
