@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
+from qwen3lab.experiment.spec import SEARCH_OBJECTIVES
 from qwen3lab.measure.capacity import Listener as CapacityListener
 from qwen3lab.measure.executor import Listener, repeat_label
 from qwen3lab.measure.search import Listener as SearchListener
@@ -347,6 +348,10 @@ def search_table(result) -> Table:
         t.add_row(("* " if s.number == best else "") + str(s.number), params, s.state, _num(s.value, "{:g}"),
                   f"[{_num(s.low, '{:g}')}, {_num(s.high, '{:g}')}]" if s.low is not None or s.high is not None else "-",
                   s.reason if s.state != "complete" else (s.search_id or s.run_id or ""))
+    if len(result.objectives) == 2:
+        t.caption = (f"Pareto front ({' and '.join(f'{o} {SEARCH_OBJECTIVES[o][:3]}' for o in result.objectives)}): "
+                     + (", ".join(f"#{f.number} {_num(f.value, '{:g}')} / {_num(f.value2, '{:g}')}"
+                                  for f, _ in result.front) or "none measured with both values"))
     return t
 
 
