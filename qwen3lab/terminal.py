@@ -17,7 +17,7 @@ from qwen3lab.experiment.spec import SEARCH_OBJECTIVES
 from qwen3lab.measure.capacity import Listener as CapacityListener
 from qwen3lab.measure.executor import Listener, repeat_label
 from qwen3lab.measure.search import Listener as SearchListener
-from qwen3lab.sweep import SweepListener
+from qwen3lab.sweep import SweepListener, starting_vs_measuring
 
 
 def _num(v, fmt="{:.1f}") -> str:
@@ -248,9 +248,8 @@ def sweep_table(result, db: str) -> Table:
     for ex in result.executions:
         mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
         counts = mine.status.value_counts().to_dict() if not mine.empty else {}
-        # server starts (process start to /health) against the measured load, over this notebook's runs
-        split = (f"{mine.start_s.sum():.0f} / {mine.duration.sum():.0f}"
-                 if "start_s" in mine and mine.start_s.notna().any() else "-")
+        split = starting_vs_measuring(mine)
+        split = f"{split[0]:.0f} / {split[1]:.0f}" if split else "-"
         t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-", split,
                   ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
     return t
