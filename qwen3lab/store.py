@@ -132,6 +132,9 @@ MIGRATIONS: list[str] = [
         elapsed_s DOUBLE, drift_json VARCHAR, started_at TIMESTAMPTZ, ended_at TIMESTAMPTZ
     );
     """,
+    # 8: the objectives of a search's study on each of its rows ("capacity,p95_ttft_ms"): a reader of the
+    # rows alone (the dashboard) knows what value2 is and which way each is better, so it can draw the front
+    "ALTER TABLE search_trials ADD COLUMN objectives VARCHAR;",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",

@@ -69,6 +69,19 @@ class SweepResult:
         return 1 if any(e.status == "failed" for e in self.executions) else 0
 
 
+def starting_vs_measuring(runs) -> tuple[float, float] | None:
+    """Seconds spent starting servers (process start to /health) and measuring load, over stored run rows;
+    None when no run stored a start. Each server counts once: every load point of a capacity search (and every
+    window of a soak) stores the start of the one server that served it, and that server's log. A restarted
+    server keeps the log but not the start time, so (log, start) names one server."""
+    if runs.empty or "start_s" not in runs or runs.start_s.isna().all():
+        return None
+    started = runs.dropna(subset=["start_s"])
+    log = started.log_path.fillna("")
+    servers = started.assign(server=log.where(log != "", started.run_id)).drop_duplicates(["server", "start_s"])
+    return float(servers.start_s.sum()), float(runs.duration.sum())
+
+
 def plan(experiment_path: str | os.PathLike, db: str, only: list[str] | None = None, runs_dir: str = "runs",
          params: dict[str, Any] | None = None, stamp: str | None = None,
          with_environment: bool = True, with_report: bool = True) -> tuple[xp.Experiment, list[Execution]]:

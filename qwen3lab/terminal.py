@@ -13,10 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
+from qwen3lab.experiment.spec import SEARCH_OBJECTIVES
 from qwen3lab.measure.capacity import Listener as CapacityListener
 from qwen3lab.measure.executor import Listener, repeat_label
 from qwen3lab.measure.search import Listener as SearchListener
-from qwen3lab.sweep import SweepListener
+from qwen3lab.sweep import SweepListener, starting_vs_measuring
 
 
 def _num(v, fmt="{:.1f}") -> str:
@@ -247,9 +248,8 @@ def sweep_table(result, db: str) -> Table:
     for ex in result.executions:
         mine = runs[runs.notebook_path == str(ex.output_path)] if not runs.empty else runs
         counts = mine.status.value_counts().to_dict() if not mine.empty else {}
-        # server starts (process start to /health) against the measured load, over this notebook's runs
-        split = (f"{mine.start_s.sum():.0f} / {mine.duration.sum():.0f}"
-                 if "start_s" in mine and mine.start_s.notna().any() else "-")
+        split = starting_vs_measuring(mine)
+        split = f"{split[0]:.0f} / {split[1]:.0f}" if split else "-"
         t.add_row(ex.notebook, ex.status, f"{ex.seconds:.0f}" if ex.seconds is not None else "-", split,
                   ", ".join(f"{n} {k}" for k, n in counts.items()) or "-", str(ex.output_path))
     return t
@@ -347,6 +347,10 @@ def search_table(result) -> Table:
         t.add_row(("* " if s.number == best else "") + str(s.number), params, s.state, _num(s.value, "{:g}"),
                   f"[{_num(s.low, '{:g}')}, {_num(s.high, '{:g}')}]" if s.low is not None or s.high is not None else "-",
                   s.reason if s.state != "complete" else (s.search_id or s.run_id or ""))
+    if len(result.objectives) == 2:
+        t.caption = (f"Pareto front ({' and '.join(f'{o} {SEARCH_OBJECTIVES[o][:3]}' for o in result.objectives)}): "
+                     + (", ".join(f"#{f.number} {_num(f.value, '{:g}')} / {_num(f.value2, '{:g}')}"
+                                  for f, _ in result.front) or "none measured with both values"))
     return t
 
 

@@ -166,6 +166,26 @@ def test_bisection_on_a_real_server_lands_between_last_pass_and_first_fail(searc
     assert all(0 <= a <= 1 for a in stored.attainment)
 
 
+def test_a_point_that_ended_early_says_so_and_sent_fewer_requests(searched):
+    # A point ends early (PointJudge.early) only by not sending the rest of its requests: a point stored with
+    # fewer requests than it planned says why in its summary and its verdict, and failed; every other point
+    # sent all of its requests and says nothing of ending early.
+    _, store, results, _ = searched
+    for name, result in results.items():
+        starts = set()
+        for p in result.points:
+            row = store.run(p.run_id)
+            starts.add(row["start_s"])
+            early, planned = row["summary"].get("ended_early"), row["workload"]["num_requests"]
+            sent = row["completed"] + row["failed"]
+            assert (early is not None) == (sent < planned), (name, p.load, early, sent, planned)
+            if early:
+                assert not p.passed and p.why == early and early.startswith(("failed early", "saturated")), p
+        # every point stores the start of the one server it ran on (engine's process start to /health, inside
+        # the search's own launch-to-ready time)
+        assert len(starts) == 1 and 0 < starts.pop() <= result.start_s, (name, starts, result.start_s)
+
+
 def test_max_num_seqs_4_has_a_lower_capacity_than_vllm_defaults(searched):
     _, _, results, _ = searched
     small, defaults = results["max-num-seqs-4"], results["vllm-defaults"]

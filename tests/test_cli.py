@@ -32,6 +32,10 @@ chapters:
 """
 
 
+# What engine.Server.read_info may say of torch.compile's cache for an enforce_eager server: nothing was compiled
+EAGER_COMPILE_CACHE = (None, "disabled")
+
+
 def test_run_end_to_end_then_resume(tmp_path):
     exp = tmp_path / "exp.yaml"
     exp.write_text(textwrap.dedent(EXPERIMENT))
@@ -51,6 +55,8 @@ def test_run_end_to_end_then_resume(tmp_path):
         assert run["launch_command"] == export.export_run(Store(db).run(run["run_id"])).shell
         assert "VLLM_CPU_KVCACHE_SPACE=1 " in run["launch_command"] and "/qwen3-tiny " in run["launch_command"]
         assert run["vllm_kv_tokens"] > 0
+        # its server's start (process start to /health) is stored, and an eager server compiled no graph
+        assert run["start_s"] > 0 and run["compile_cache"] in EAGER_COMPILE_CACHE, run["compile_cache"]
     # Four in flight at most, so with 8 sent the smaller batch cap waits a whole 128-token answer for a first
     # token: TTFT counted in the run's own decode steps (TPOT), as a CPU server now and then runs every step of
     # a whole run many times slower (2.8 s median TTFT with 32 sequences, 0.07 s on the next launch).

@@ -43,6 +43,50 @@ def test_infeasible_suggestions_are_stored_as_pruned_and_never_launched(tmp_path
     assert list(stored.state) == ["pruned"] * 4 and stored.reason.str.startswith("pre-flight").all()
 
 
+def test_two_objectives_run_nsga2_and_report_exactly_the_non_dominated_points(tmp_path, monkeypatch):
+    # The search logic alone, no server: each configuration's goodput and P95 TTFT are made up from its flags.
+    # More sequences serve more and wait longer, up to 16; 32 serves no more than 16 and waits longer (dominated);
+    # more batched tokens serve a little more and wait a little longer; one configuration crashes.
+    measured = []
+
+    def made_up(search, trial, verdict, store, runs_dir, path, machine, gpu_id, progress):
+        seqs, tokens = trial.engine.max_num_seqs, trial.engine.max_num_batched_tokens
+        measured.append((seqs, tokens))
+        if (seqs, tokens) == (8, 2048):
+            return se.SearchTrial(-1, {}, "failed", reason="made-up crash", trial_key=trial.key)
+        return se.SearchTrial(-1, {}, "complete", value=min(seqs, 16) / 4 + (tokens == 4096) * 0.5,
+                              value2=10.0 * seqs + (tokens == 4096) * 5, trial_key=trial.key, run_id=f"run-{seqs}-{tokens}")
+
+    monkeypatch.setattr(se, "_measure", made_up)
+    space = {"engine.max_num_seqs": [4, 8, 16, 32], "engine.max_num_batched_tokens": [2048, 4096]}
+    path = _experiment(tmp_path, space, objective=["goodput", "p95_ttft_ms"], budget={"trials": 8})
+    store = Store(tmp_path / "s.duckdb")
+    result = se.run_search(path, store.path, str(tmp_path / "runs"))
+    assert result.sampler == "NSGAIISampler" and "every grid point" in result.stopped and len(measured) == 8
+    done = [t for t in result.history if t.state == "complete"]
+    beaten = lambda a, b: b.value >= a.value and b.value2 <= a.value2 and (b.value, b.value2) != (a.value, a.value2)  # noqa: E731
+    want = [t.number for t in done if not any(beaten(t, o) for o in done)]
+    assert [t.number for t, _ in result.front] == want
+    assert 0 < len(want) < len(done)  # some measured points are dominated (seqs 32), the failed one is on no front
+    out = result.as_dict()
+    assert [f["number"] for f in out["front"]] == want and out["sampler"] == "NSGAIISampler"
+    for f, (t, trial) in zip(out["front"], result.front):
+        assert f["values"] == {"goodput": t.value, "p95_ttft_ms": t.value2} and f["run_id"] == t.run_id
+        assert f"--max-num-seqs {t.params['engine.max_num_seqs']}" in f["launch_command"] and f["trial"] == trial.name
+    assert set(store.search_trials(result.study).objectives) == {"goodput,p95_ttft_ms"}
+    from rich.console import Console
+
+    from qwen3lab import terminal
+
+    console = Console(record=True, width=200)
+    console.print(terminal.search_table(result))
+    line = ", ".join(f"#{t.number} {t.value:g} / {t.value2:g}" for t, _ in result.front)
+    assert f"Pareto front (goodput max and p95_ttft_ms min): {line}" in " ".join(console.export_text().split())
+    # Resumed from DuckDB alone: nothing measured again, the same front.
+    again = se.run_search(path, store.path, str(tmp_path / "runs"))
+    assert len(measured) == 8 and [t.number for t, _ in again.front] == want
+
+
 def test_a_search_space_with_a_bad_key_is_refused_before_anything_runs(tmp_path):
     path = _experiment(tmp_path, {"max_num_seqs": [4, 8]})
     with pytest.raises(Exception) as got:
@@ -104,14 +148,29 @@ def test_sigterm_mid_search_then_resume_reruns_nothing_finished(tmp_path):
     assert result["best"]["launch_command"] and "--max-num-seqs" in result["best"]["launch_command"]
 
 
-def test_capacity_page_shows_a_search_history_with_its_pruned_points(tmp_path, monkeypatch):
+def _charts(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _numbers(values) -> list:
+    """A trace's numbers as a list: plotly writes a numeric array into the page as base64 of its dtype."""
+    if isinstance(values, dict):
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
+    return list(values)
+
+
+def test_capacity_page_shows_a_search_history_best_so_far_importance_and_front(tmp_path, monkeypatch):
     pytest.importorskip("streamlit")
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    path = _experiment(tmp_path, {"engine.max_model_len": [65536, 131072]})
+    path = _experiment(tmp_path, {"engine.max_model_len": [65536, 131072]}, objective=["goodput", "p95_ttft_ms"])
     store = Store(tmp_path / "s.duckdb")
-    se.run_search(path, store.path, str(tmp_path / "runs"))
+    study = se.run_search(path, store.path, str(tmp_path / "runs")).study
     store.begin_run(trial="placeholder", status="skipped")  # the dashboard lists runs first; a search-only DB has none
     monkeypatch.setenv("QWEN3LAB_DB", store.path)
     st.cache_data.clear()
@@ -121,7 +180,23 @@ def test_capacity_page_shows_a_search_history_with_its_pruned_points(tmp_path, m
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert "2 pruned" in "\n".join(c.value for c in at.caption)
-    assert len(at.get("plotly_chart")) == 1  # the history; no importance without three measured trials
+    assert len(at.get("plotly_chart")) == 1  # the history; no importance without three measured trials, no front
+
+    # Three measured configurations, written as a search writes them: the best-so-far line, parameter
+    # importance and the front (#2 and #3; #4 serves less than #3 and waits longer) appear.
+    for number, (length, goodput, ttft) in enumerate([(1024, 1.0, 100.0), (2048, 2.0, 300.0), (4096, 1.5, 400.0)], 2):
+        store.add_search_trial(study=study, number=number, experiment="search-test", params_json={
+            "engine.max_model_len": length}, objectives="goodput,p95_ttft_ms", state="running", trial=f"len-{length}")
+        store.finish_search_trial(study, number, "complete", value=goodput, value2=ttft, run_id=f"run-{number}")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    history, front, importance = _charts(at)
+    best = next(t for t in history["data"] if t.get("name") == "best so far")
+    assert _numbers(best["y"]) == [1.0, 2.0, 2.0]
+    line = next(t for t in front["data"] if t.get("name") == "Pareto front")
+    assert (_numbers(line["x"]), _numbers(line["y"])) == ([100.0, 300.0], [1.0, 2.0])
+    assert "importance" in importance["layout"]["title"]["text"]
+    assert _numbers(importance["data"][0]["x"]) == ["engine.max_model_len"]
 
 
 def test_the_shipped_search_space_reads_as_optuna_distributions():

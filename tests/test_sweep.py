@@ -138,6 +138,24 @@ def test_parse_params():
         sweep.parse_params(["oops"])
 
 
+def test_the_summary_counts_each_server_start_once():
+    import pandas as pd
+
+    # A capacity search's three load points (one server, one log), two plain runs (a server each), a soak whose
+    # server restarted once (one log, two starts), two runs that kept no log, and one stored before starts were.
+    rows = pd.DataFrame([
+        ("p0", "runs/cap-1/server.log", 30.0, 10.0), ("p1", "runs/cap-1/server.log", 30.0, 12.0),
+        ("p2", "runs/cap-1/server.log", 30.0, 14.0), ("r1", "runs/r1/server.log", 20.0, 5.0),
+        ("r2", "runs/r2/server.log", 20.0, 6.0), ("w0", "runs/soak-1/server.log", 25.0, 60.0),
+        ("w1", "runs/soak-1/server.log", 25.0, 60.0), ("w2", "runs/soak-1/server.log", 27.0, 60.0),
+        ("e1", "", 15.0, 4.0), ("e2", None, 15.0, 4.0), ("old", None, None, 3.0),
+    ], columns=["run_id", "log_path", "start_s", "duration"])
+    servers = [30.0, 20.0, 20.0, 25.0, 27.0, 15.0, 15.0]
+    assert sweep.starting_vs_measuring(rows) == (sum(servers), rows.duration.sum())
+    assert sweep.starting_vs_measuring(rows[rows.run_id == "old"]) is None
+    assert sweep.starting_vs_measuring(rows.iloc[0:0]) is None
+
+
 def test_run_coroutine_inside_a_running_loop():
     async def inner():
         await asyncio.sleep(0.01)

@@ -70,6 +70,11 @@ if not studies.empty:
                    + (f" (bracket {best.low:g} to {best.high:g})" if best.low == best.low and best.high == best.high
                       else "") + f" · run `{best.run_id}` (export it from the Export page)")
     st.plotly_chart(plots.search_history_figure(history), width="stretch")
+    named = history.objectives.dropna() if "objectives" in history else history.iloc[0:0]
+    objectives = named.iloc[0].split(",") if not named.empty else []  # rows of older stores name none
+    front = [t.number for t in se.pareto_front(objectives, se.trials_of(history))]
+    if front:
+        st.plotly_chart(plots.search_front_figure(history, front, objectives), width="stretch")
     found = se.importances(history)
     if found:
         st.plotly_chart(plots.bar_figure(

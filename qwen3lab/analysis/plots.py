@@ -334,3 +334,23 @@ def search_history_figure(trials: pd.DataFrame, maximize: bool = True, objective
                                      hovertemplate="#%{x} " + state + "<br>%{text}"))
     fig.update_layout(title="Search history", xaxis_title="suggestion", yaxis_title=objective, height=400)
     return fig
+
+
+def search_front_figure(trials: pd.DataFrame, front: list[int], objectives: list[str]):
+    """A two-objective search: each measured configuration's two values, the Pareto front (`front`: the
+    suggestion numbers on it, as the search computed them) in red and joined, in the order of the second."""
+    go = _go()
+    fig = go.Figure()
+    done = trials[trials.state == "complete"].dropna(subset=["value", "value2"])
+    if done.empty or len(objectives) != 2:
+        return _empty(fig, "No configuration measured with both objectives yet")
+    on = done.number.isin(front)
+    fig.add_trace(go.Scatter(x=done.value2, y=done.value, mode="markers", name="measured", text=done.trial,
+                             customdata=done.number, marker=dict(size=10, color=np.where(on, "#d62728", "#1f77b4")),
+                             hovertemplate="#%{customdata} %{text}<br>%{x:g}, %{y:g}"))
+    edge = done[on].sort_values("value2")
+    fig.add_trace(go.Scatter(x=edge.value2, y=edge.value, mode="lines", name="Pareto front",
+                             line=dict(color="#d62728", dash="dash")))
+    fig.update_layout(title=f"{objectives[0]} against {objectives[1]} (red: the Pareto front)",
+                      xaxis_title=objectives[1], yaxis_title=objectives[0], height=420)
+    return fig

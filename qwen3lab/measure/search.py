@@ -58,18 +58,26 @@ class SearchResult:
     best: SearchTrial | None = None
     best_trial: Trial | None = None
     stopped: str = ""
+    sampler: str = ""  # optuna's sampler class: NSGAIISampler when two objectives are asked
+    front: list[tuple[SearchTrial, Trial]] = field(default_factory=list)  # the Pareto front of two objectives
 
     def as_dict(self) -> dict:
         best = None
         if self.best is not None:
-            cfg = self.best_trial.engine if self.best_trial else None
-            best = {"trial": self.best_trial.name if self.best_trial else None, "params": self.best.params,
-                    "objective": self.objectives[0], "value": self.best.value,
-                    "interval": [self.best.low, self.best.high], "run_id": self.best.run_id,
-                    "search_id": self.best.search_id,
-                    "launch_command": engine.launch_command(cfg) if cfg is not None and cfg.kind == "vllm" else None}
-        return {"study": self.study, "objectives": self.objectives, "stopped": self.stopped, "best": best,
-                "history": [vars(t) for t in self.history]}
+            best = {**_described(self.best, self.best_trial), "objective": self.objectives[0],
+                    "value": self.best.value, "interval": [self.best.low, self.best.high]}
+        front = [{**_described(t, trial), "values": dict(zip(self.objectives, (t.value, t.value2))),
+                  "interval": [t.low, t.high]} for t, trial in self.front]
+        return {"study": self.study, "objectives": self.objectives, "sampler": self.sampler, "stopped": self.stopped,
+                "best": best, "front": front, "history": [vars(t) for t in self.history]}
+
+
+def _described(t: SearchTrial, trial: Trial | None) -> dict:
+    """A measured configuration as `--json` prints it: its name, flags, stored rows and launch command."""
+    cfg = trial.engine if trial else None
+    return {"number": t.number, "trial": trial.name if trial else None, "params": t.params, "run_id": t.run_id,
+            "search_id": t.search_id,
+            "launch_command": engine.launch_command(cfg) if cfg is not None and cfg.kind == "vllm" else None}
 
 
 def study_key(exp: xp.Experiment, search: Search) -> str:
@@ -117,18 +125,17 @@ def _sampler(search: Search):
 
 def _told(search: Search, t: SearchTrial) -> list[float] | None:
     """What the sampler is told of a measured trial: its values, the worst ones for a failure."""
-    worst = {"maximize": 0.0, "minimize": 1e9}
+    worst = [{"maximize": 0.0, "minimize": 1e9}[SEARCH_OBJECTIVES[o]] for o in search.objectives]
     if t.state == "failed" or t.value is None:
-        return [worst[SEARCH_OBJECTIVES[o]] for o in search.objectives]
-    values = [t.value] + ([t.value2 if t.value2 is not None else worst["minimize"]] if len(search.objectives) == 2
-                          else [])
-    return values
+        return worst
+    # a missing second value is told as the worst one of its direction (a maximized goodput too)
+    return [t.value] + ([t.value2 if t.value2 is not None else worst[1]] if len(search.objectives) == 2 else [])
 
 
-def _stored(store: Store, study: str) -> list[SearchTrial]:
+def trials_of(df) -> list[SearchTrial]:
+    """Stored `search_trials` rows (of one study) as SearchTrials: a resumed study's history, the dashboard's."""
     import json
 
-    df = store.search_trials(study)
     nan = lambda v: None if v is None or v != v else v  # noqa: E731
     return [SearchTrial(int(r.number), json.loads(r.params_json), r.state, nan(r.value), nan(r.value2), nan(r.low),
                         nan(r.high), nan(r.reason), nan(r.trial_key), nan(r.run_id), nan(r.search_id), nan(r.wall_s))
@@ -141,6 +148,21 @@ def best_of(search: Search, history: list[SearchTrial]) -> SearchTrial | None:
         return None
     sign = 1 if SEARCH_OBJECTIVES[search.objectives[0]] == "maximize" else -1
     return max(done, key=lambda t: (sign * t.value, -t.number))
+
+
+def pareto_front(objectives: list[str], history: list[SearchTrial]) -> list[SearchTrial]:
+    """The measured configurations no other one beats on both objectives (optuna's `study.best_trials`), in
+    the order they were suggested; empty with one objective. Only trials measured with both values take part:
+    the sampler was told the worst value for a missing one, which is no point to draw or launch."""
+    done = [t for t in history if t.state == "complete" and t.value is not None and t.value2 is not None]
+    if len(objectives) != 2 or not done:
+        return []
+    optuna = require("optuna", "pip install optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=[SEARCH_OBJECTIVES[o] for o in objectives])
+    for i, t in enumerate(done):
+        study.add_trial(optuna.trial.create_trial(values=[t.value, t.value2], user_attrs={"i": i}))
+    return sorted((done[b.user_attrs["i"]] for b in study.best_trials), key=lambda t: t.number)
 
 
 def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path, machine, gpu_id,
@@ -237,7 +259,7 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
     machine = preflight.Machine.local()
     store = Store(db)
     study_id = study_key(exp, search)
-    history = [] if fresh else _stored(store, study_id)
+    history = [] if fresh else trials_of(store.search_trials(study_id))
     for t in history:  # a session that was stopped left its trial unfinished: it is measured again below
         if t.state in ("running", "interrupted"):
             t.state = "interrupted"
@@ -245,7 +267,8 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
     if fresh and not store.search_trials(study_id).empty:
         study_id += "-" + time.strftime("%Y%m%d%H%M%S")
     directions = [SEARCH_OBJECTIVES[o] for o in search.objectives]
-    study = optuna.create_study(directions=directions, sampler=_sampler(search))
+    sampler = _sampler(search)
+    study = optuna.create_study(directions=directions, sampler=sampler)
     by_params: dict[str, SearchTrial] = {}
     for t in history:
         key = stable_hash(t.params)
@@ -258,7 +281,7 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
                                                       state=optuna.trial.TrialState.PRUNED))
     if queue is not None:
         queue = [p for p in queue if stable_hash(p) not in by_params]
-    result = SearchResult(study_id, search.objectives, list(history))
+    result = SearchResult(study_id, search.objectives, list(history), sampler=type(sampler).__name__)
     number = max((t.number for t in history), default=-1) + 1
     started, idle = time.monotonic(), 0
     here = dict(search=search, store=store, runs_dir=runs_dir, path=str(path), gpu_id=exp.gpu, listener=listener,
@@ -315,6 +338,8 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
     result.best = best_of(search, result.history)
     if result.best is not None:
         result.best_trial = xp.trial_from(exp, search.chapter, result.best.params)
+    result.front = [(t, xp.trial_from(exp, search.chapter, t.params)) for t in pareto_front(search.objectives,
+                                                                                           result.history)]
     return result
 
 
@@ -359,7 +384,8 @@ def _judge(exp, search: Search, params: dict, number: int, study_id: str, store:
            asked) -> "Pending | SearchTrial":
     """Judge a suggestion before any launch: pruned (stored, with the reason) when infeasible, else stored as
     running and handed back to be measured."""
-    base = dict(study=study_id, number=number, experiment=exp.name, params_json=params)
+    base = dict(study=study_id, number=number, experiment=exp.name, params_json=params,
+                objectives=",".join(search.objectives))
     try:
         trial = xp.trial_from(exp, search.chapter, params)
         verdict = preflight.check(trial, machine, exp.gpu)
