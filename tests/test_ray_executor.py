@@ -3,8 +3,8 @@ two nodes with one `vllm_slot` each, running short cpu-tiny trials on real vLLM 
 
 Covers: the same rows as the local executor, provenance from the node, a node removed mid-trial (stored `lost`
 with its partial rows, retried on the other node), a driver stopped by SIGTERM (marked `interrupted`, resumed
-from DuckDB), a killed driver's runs recovered from their spools before resume looks, and the pre-flight
-refusal of demands no node can meet.
+from DuckDB), a killed driver's runs recovered from their spools before resume looks, what a split topology
+reserves, and the pre-flight refusal of demands no node can meet.
 """
 from __future__ import annotations
 
@@ -184,6 +184,25 @@ def test_cluster_errors_name_field_value_and_what_the_cluster_has():
     assert err.field == "gpu" and "H200" in err.allowed and "and 1 more" in err.where
     (err,) = ray_executor.cluster_errors([trial(1)], "cpu", [h200])
     assert err.field == "executor" and ray_executor.SLOT in err.allowed
+
+
+def test_a_split_trial_reserves_the_gpus_its_servers_use():
+    from qwen3lab.experiment.spec import Trial, Workload
+
+    def split(**topology):
+        return Trial(experiment="x", name="split", workload=Workload(num_requests=1), engine={
+            "kind": "vllm", "model": "builtin:qwen3-tiny", "topology": {"kind": "split", "threshold_tokens": 100,
+                                                                          **topology}})
+
+    assert ray_executor.gpus_needed(split(gpus=[0, 1])) == 2  # one GPU per server
+    assert ray_executor.gpus_needed(split(gpus=[1, 1])) == 1  # both on one GPU
+    assert ray_executor.gpus_needed(split()) == 1  # unset: they share the first
+    wide = split(routes={"short": {}, "long": {"tensor_parallel_size": 2}})
+    assert ray_executor.gpus_needed(wide) == 2  # sharing: as many as the larger route spans
+    assert ray_executor.demand(split(gpus=[0, 1]), "h200")["GPU"] == 2
+    one_gpu = {"Alive": True, "Resources": {"CPU": 8, "GPU": 1, "accelerator_type:H200": 1}}
+    (err,) = ray_executor.cluster_errors([split(gpus=[0, 1])], "h200", [one_gpu])
+    assert err.field == "engine.topology.gpus" and err.value == [0, 1] and "at most 1 distinct" in err.allowed
 
 
 def test_a_node_keeps_the_runs_spool_until_the_driver_has_stored_it(tmp_path):

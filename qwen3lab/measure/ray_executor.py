@@ -9,6 +9,9 @@ SIGTERM or Ctrl-C marks its runs `interrupted`, and running it again resumes fro
 (SIGKILL) leaves them `running`, and its next start recovers them as the local executor does (executor.recover;
 ray_worker says from what). A trial that needs resources no node has is a pre-flight error before anything
 runs. `qwen3lab capacity --executor ray` runs each trial's capacity search as one such task (run_capacities).
+
+Lines: a little over 450, because the driver's half of one protocol (what a trial reserves, the cluster's
+pre-flight, submit, replay, loss and retry, interruption) reads best in one place; ray_worker is the node's half.
 """
 from __future__ import annotations
 
@@ -53,8 +56,18 @@ def accelerator_type(gpu_id: str) -> str:
 
 
 def gpus_needed(trial: Trial) -> int:
-    """tensor x pipeline parallel size: the GPUs one server of this trial holds."""
+    """The GPUs one trial's server(s) hold: tensor x pipeline parallel size; for a split topology, one per
+    distinct topology.gpus entry (each server gets that one GPU), or, sharing one, its larger route's size."""
     cfg = trial.engine
+    split = getattr(cfg, "topology", None)
+    if split is None:
+        return _parallel_size(cfg)
+    if split.gpus:
+        return len(set(split.gpus))
+    return max(_parallel_size(route) for route in cfg.route_engines().values())
+
+
+def _parallel_size(cfg) -> int:
     tp = getattr(cfg, "tensor_parallel_size", None) or 1
     args, pp = list(getattr(cfg, "extra_args", [])), 1
     for i, arg in enumerate(args):
@@ -88,10 +101,11 @@ def cluster_errors(trials: list[Trial], gpu_id: str | None, nodes: list[dict]) -
     """One error per kind of demand that no alive node can meet, naming the trials and what the cluster has."""
     alive = [n for n in nodes if n.get("Alive")]
     by_need: dict[tuple, list[Trial]] = {}
-    for trial in trials:
-        by_need.setdefault(tuple(sorted(demand(trial, gpu_id).items())), []).append(trial)
+    for trial in trials:  # a split topology's GPUs are its topology.gpus: its error names them, not tp
+        split = getattr(trial.engine, "topology", None) is not None and bool(trial.engine.topology.gpus)
+        by_need.setdefault((tuple(sorted(demand(trial, gpu_id).items())), split), []).append(trial)
     errors = []
-    for need, group in by_need.items():
+    for (need, split), group in by_need.items():
         if any(all(n["Resources"].get(k, 0) >= v for k, v in need) for n in alive):
             continue
         where = f"{group[0].chapter}/{group[0].name}" + (f" and {len(group) - 1} more" if len(group) > 1 else "")
@@ -109,7 +123,11 @@ def cluster_errors(trials: list[Trial], gpu_id: str | None, nodes: list[dict]) -
                                         "has", where))
             else:
                 most = int(max(n["Resources"].get("GPU", 0) for n in typed))
-                errors.append(SpecError("engine.tensor_parallel_size", int(wanted["GPU"]),
+                errors.append(SpecError("engine.topology.gpus", list(group[0].engine.topology.gpus),
+                                        f"at most {most} distinct GPUs (one per server) on one node of this type",
+                                        "let both servers share one GPU (gpus: [0, 0]) or add larger nodes", where)
+                              if split else
+                              SpecError("engine.tensor_parallel_size", int(wanted["GPU"]),
                                         f"at most {most} GPUs (tensor x pipeline parallel) on one node of this type",
                                         "lower tensor_parallel_size (or pipeline parallel size) or add larger "
                                         "nodes", where))
