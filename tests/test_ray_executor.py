@@ -3,7 +3,8 @@ two nodes with one `vllm_slot` each, running short cpu-tiny trials on real vLLM 
 
 Covers: the same rows as the local executor, provenance from the node, a node removed mid-trial (stored `lost`
 with its partial rows, retried on the other node), a driver stopped by SIGTERM (marked `interrupted`, resumed
-from DuckDB), and the pre-flight refusal of demands no node can meet.
+from DuckDB), a killed driver's runs recovered from their spools before resume looks, what a split topology
+reserves, and the pre-flight refusal of demands no node can meet.
 """
 from __future__ import annotations
 
@@ -147,11 +148,12 @@ def test_ray_rows_match_the_local_executor(cluster, tmp_path):
 
 
 def _spool_dropped_soon(tmp_path, result) -> bool:
-    spool = tmp_path / "runs-ray" / result.run_id / "relay.jsonl"
+    """The relay's spool and the run's own (kept on the node until the driver stored the run) are both gone."""
+    spools = [tmp_path / "runs-ray" / result.run_id / name for name in ("relay.jsonl", "spool.jsonl")]
     deadline = time.monotonic() + 30
-    while spool.exists() and time.monotonic() < deadline:
+    while any(p.exists() for p in spools) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return not spool.exists()
+    return not any(p.exists() for p in spools)
 
 
 def test_cluster_preflight_refuses_what_no_node_has(cluster, tmp_path):
@@ -184,6 +186,46 @@ def test_cluster_errors_name_field_value_and_what_the_cluster_has():
     assert err.field == "executor" and ray_executor.SLOT in err.allowed
 
 
+def test_a_split_trial_reserves_the_gpus_its_servers_use():
+    from qwen3lab.experiment.spec import Trial, Workload
+
+    def split(**topology):
+        return Trial(experiment="x", name="split", workload=Workload(num_requests=1), engine={
+            "kind": "vllm", "model": "builtin:qwen3-tiny", "topology": {"kind": "split", "threshold_tokens": 100,
+                                                                          **topology}})
+
+    assert ray_executor.gpus_needed(split(gpus=[0, 1])) == 2  # one GPU per server
+    assert ray_executor.gpus_needed(split(gpus=[1, 1])) == 1  # both on one GPU
+    assert ray_executor.gpus_needed(split()) == 1  # unset: they share the first
+    wide = split(routes={"short": {}, "long": {"tensor_parallel_size": 2}})
+    assert ray_executor.gpus_needed(wide) == 2  # sharing: as many as the larger route spans
+    assert ray_executor.demand(split(gpus=[0, 1]), "h200")["GPU"] == 2
+    one_gpu = {"Alive": True, "Resources": {"CPU": 8, "GPU": 1, "accelerator_type:H200": 1}}
+    (err,) = ray_executor.cluster_errors([split(gpus=[0, 1])], "h200", [one_gpu])
+    assert err.field == "engine.topology.gpus" and err.value == [0, 1] and "at most 1 distinct" in err.allowed
+
+
+def test_a_node_keeps_the_runs_spool_until_the_driver_has_stored_it(tmp_path):
+    """On a node the run's end goes to the relay, not DuckDB: its spool.jsonl (requests, samples, the end) stays
+    for a killed driver's next start to ingest, until the driver drops it with the relay's. Here, with DuckDB as
+    the store, the spool goes once the end is stored."""
+    from qwen3lab.measure import ray_worker, runner
+    from qwen3lab.spool import SPOOL_NAME, Spool
+    from qwen3lab.store import finish_fields
+
+    relay = ray_worker.Relay(tmp_path, {}, {"node_id": "n1"})
+    run_id = relay.begin_run(trial_key="k")
+    spool = Spool(tmp_path / run_id / SPOOL_NAME)
+    runner._store_final(relay, spool, run_id, finish_fields("ok"), [], log=lambda _: None)
+    assert spool.read().finish["status"] == "ok"
+    assert ray_worker.drop_spool(str(tmp_path), [run_id]) == 2 and list((tmp_path / run_id).iterdir()) == []
+    store = Store(str(tmp_path / "here.duckdb"))
+    here = store.begin_run(trial_key="k")
+    spool = Spool(tmp_path / here / SPOOL_NAME)
+    runner._store_final(store, spool, here, finish_fields("ok"), [], log=lambda _: None)
+    assert not spool.path.exists() and store.run(here)["status"] == "ok"
+
+
 def test_driver_sigterm_marks_interrupted_then_resumes(cluster, tmp_path):
     c, _ = cluster
     path = experiment(tmp_path, "ray-sigterm", "{num_requests: 40, mix: fixed-128, concurrency: 2, request_rate: 4}", """
@@ -211,6 +253,59 @@ def test_driver_sigterm_marks_interrupted_then_resumes(cluster, tmp_path):
     (result,) = on_ray(path, db, runs_dir=tmp_path / "runs")
     assert result.status == "ok"
     assert [r["status"] for r in runs_of(db)] == ["interrupted", "ok"]
+
+
+def test_a_killed_drivers_runs_are_recovered_before_resume_looks(cluster, tmp_path):
+    """A driver SIGKILLed takes its workers along and leaves their runs `running` (no handler ran). The next
+    Ray start recovers them as the local executor does, before it looks for finished trials: a run that ended
+    on its node but whose end never reached DuckDB is finished from the spool its node kept (and not run
+    again); one cut mid-load is `interrupted` with what its spool holds. No server starts."""
+    from qwen3lab.measure.loadgen import RequestRecord
+    from qwen3lab.spool import SPOOL_NAME, Spool
+    from qwen3lab.store import Owner, finish_fields, new_run_id, now, record_row
+
+    path = experiment(tmp_path, "ray-killed", "{num_requests: 3, mix: fixed-128, seed: 0}", """
+        main:
+          trials: [{name: ended}]
+        other:
+          trials: [{name: cut}]
+        """)
+    trials = {t.name: t for t in executor.plan(path, for_written_gpu=True).trials}
+    # The Ray worker that held the runs: a process of this host, gone now, as the killed driver's workers are.
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    owner = Owner(worker.pid, Owner.me().host, psutil.Process(worker.pid).create_time())
+    worker.communicate()
+    db = str(tmp_path / "killed.duckdb")
+    store, runs = Store(db), {}
+    for name, ended in (("ended", True), ("cut", False)):
+        t, run_id = trials[name], new_run_id()
+        rows = []
+        for i in range(3):
+            r = RequestRecord(i, "fixed", 128, 128, False, False, sent_at=0.1 * i, ttft=0.05, e2el=0.5,
+                              chunk_times=[0.05, 0.5], prompt_tokens=128, output_tokens=128)
+            rows.append(record_row(r))
+        spool = Spool(tmp_path / "runs" / run_id / SPOOL_NAME)
+        spool.add_requests(rows)
+        if ended:
+            spool.finish(finish_fields("ok", None, {"completed": 3}))
+        store.begin_run(run_id=run_id, trial_key=t.key, experiment=t.experiment, chapter=t.chapter, trial=t.name,
+                        engine_kind="vllm", model=t.engine.model, config_hash=t.engine.config_hash(),
+                        spool_path=str(spool.path), heartbeat_at=now(), info_json={"ray": {"node_id": "n1"}},
+                        **owner.fields())
+        store.add_requests(run_id, rows[:1])  # what had reached the driver before it was killed
+        runs[name] = run_id
+
+    lines = []
+    results = ray_executor.execute(executor.plan(path, only=["main"], for_written_gpu=True), Store(db),
+                                   runs_dir=tmp_path / "runs", listener=executor.Listener(lines.append))
+    assert [(r.trial.name, r.run_id, r.reason) for r in results] == [
+        ("ended", runs["ended"], "already measured (resumed)")], lines
+    ended, cut = store.run(runs["ended"]), store.run(runs["cut"])
+    assert ended["status"] == "ok" and cut["status"] == "interrupted"
+    assert f"pid {worker.pid}" in cut["reason"] and "stopped without finishing" in cut["reason"]
+    assert store.request_counts(list(runs.values())) == {runs["ended"]: 3, runs["cut"]: 3}  # none twice
+    assert sum("recovered run" in line for line in lines) == 2, lines
+    assert len(store.runs()) == 2 and vllm_processes() == []
 
 
 def test_search_asks_as_many_trials_as_free_slots_and_tells_each_result(cluster, tmp_path):

@@ -12,7 +12,8 @@ import yaml
 from qwen3lab.analysis import export
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import EngineConfig, RequestClass, Trial, Workload
-from qwen3lab.measure import runner
+from qwen3lab.errors import SpecError
+from qwen3lab.measure import runner, topology
 
 from .conftest import small_workload, tiny_config, vllm_processes
 
@@ -117,3 +118,22 @@ def test_preflight_wants_a_threshold_both_servers_hold():
 def test_bad_topologies_are_refused_naming_the_field(topology, says):
     with pytest.raises(ValueError, match=says):
         tiny_config(topology=topology)
+
+
+def test_route_gpus_are_the_gpus_ray_assigned_to_the_task():
+    # Run here: topology.gpus as written. In a Ray task: the distinct indices, lowest first, onto the ids Ray
+    # gave that task (ray.get_gpu_ids()), never the node's GPU 0 that another task may hold.
+    assert topology.route_devices((0, 1)) == ("0", "1")
+    assert topology.route_devices((0, 1), ["3", "5"]) == ("3", "5")
+    assert topology.route_devices((1, 0), ["3", "5"]) == ("5", "3")
+    assert topology.route_devices((0, 2), ["4", "7"]) == ("4", "7")  # two servers, two GPUs reserved
+    assert topology.route_devices((1, 1), ["6"]) == ("6", "6")  # both on one GPU: one reserved
+    with pytest.raises(SpecError) as caught:
+        topology.route_devices((0, 1), ["3"])
+    assert caught.value.field == "engine.topology.gpus" and caught.value.value == [0, 1]
+    assert "at most 1 distinct" in caught.value.allowed and "3" in caught.value.allowed
+    # Each route's server gets its own in CUDA_VISIBLE_DEVICES; the stored, pasteable script keeps the written ones.
+    cfg = tiny_config(topology={"kind": "split", "threshold_tokens": THRESHOLD, "gpus": [0, 1]})
+    env = {name: c.env["CUDA_VISIBLE_DEVICES"] for name, c in topology.route_engines(cfg, ["3", "5"]).items()}
+    assert env == {"short": "3", "long": "5"}
+    assert {c.env["CUDA_VISIBLE_DEVICES"] for c in topology.route_engines(cfg).values()} == {"0", "1"}

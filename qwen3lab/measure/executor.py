@@ -191,6 +191,14 @@ def _launched(store: Store, trial_key: str) -> int:
     return int(runs.status.isin(selection.MEASURED + selection.FAILED).sum()) if not runs.empty else 0
 
 
+def recover(store: Store, listener: Listener) -> None:
+    """What every executor (local or Ray) does before resume looks: `running` rows whose owner is gone (a
+    killed qwen3lab, or a Ray worker that went with its killed driver) get their spool ingested and are
+    finished as it says, else marked `interrupted`, so resume runs them again (Store.recover)."""
+    for run in store.recover():
+        listener.recovered(run)
+
+
 def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_failed: bool = False,
             fresh: bool = False, max_trials: int | None = None, notebook_path: str | None = None,
             listener: Listener | None = None) -> list[TrialResult]:
@@ -202,8 +210,7 @@ def execute(planned: Plan, store: Store, runs_dir: str | Path = "runs", retry_fa
     interrupted (its server stopped) and is raised."""
     planned.raise_errors()
     listener = listener or Listener()
-    for run in store.recover():  # before resume looks: an interrupted trial is run again
-        listener.recovered(run)
+    recover(store, listener)
     results: list[TrialResult] = []
     needed, verdict_of = [], {}
     looked = store_now()  # a launch another qwen3lab begins after this is one of ours: not run twice

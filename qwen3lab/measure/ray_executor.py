@@ -5,9 +5,13 @@ nodes of the experiment's GPU type (Ray's accelerator type), or one `vllm_slot` 
 clusters. The task runs runner.run_trial on its node (ray_worker) and streams its writes back in batches; this
 driver alone writes DuckDB. Faults: a node or worker lost mid-trial leaves its run stored as `lost` with the
 rows that arrived, and the trial is tried again on another node (MAX_ATTEMPTS in all); a driver stopped by
-SIGTERM or Ctrl-C marks its runs `interrupted`, and running it again resumes from DuckDB; a trial that needs
-resources no node has is a pre-flight error before anything runs. `qwen3lab capacity --executor ray` runs each
-trial's capacity search as one such task (run_capacities).
+SIGTERM or Ctrl-C marks its runs `interrupted`, and running it again resumes from DuckDB; a driver killed
+(SIGKILL) leaves them `running`, and its next start recovers them as the local executor does (executor.recover;
+ray_worker says from what). A trial that needs resources no node has is a pre-flight error before anything
+runs. `qwen3lab capacity --executor ray` runs each trial's capacity search as one such task (run_capacities).
+
+Lines: a little over 450, because the driver's half of one protocol (what a trial reserves, the cluster's
+pre-flight, submit, replay, loss and retry, interruption) reads best in one place; ray_worker is the node's half.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import Any
 from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.experiment.spec import Trial
 from qwen3lab.analysis import selection
-from qwen3lab.measure import runner
+from qwen3lab.measure import executor, runner
 from qwen3lab.store import Store
 
 SLOT = "vllm_slot"
@@ -52,8 +56,18 @@ def accelerator_type(gpu_id: str) -> str:
 
 
 def gpus_needed(trial: Trial) -> int:
-    """tensor x pipeline parallel size: the GPUs one server of this trial holds."""
+    """The GPUs one trial's server(s) hold: tensor x pipeline parallel size; for a split topology, one per
+    distinct topology.gpus entry (each server gets that one GPU), or, sharing one, its larger route's size."""
     cfg = trial.engine
+    split = getattr(cfg, "topology", None)
+    if split is None:
+        return _parallel_size(cfg)
+    if split.gpus:
+        return len(set(split.gpus))
+    return max(_parallel_size(route) for route in cfg.route_engines().values())
+
+
+def _parallel_size(cfg) -> int:
     tp = getattr(cfg, "tensor_parallel_size", None) or 1
     args, pp = list(getattr(cfg, "extra_args", [])), 1
     for i, arg in enumerate(args):
@@ -87,10 +101,11 @@ def cluster_errors(trials: list[Trial], gpu_id: str | None, nodes: list[dict]) -
     """One error per kind of demand that no alive node can meet, naming the trials and what the cluster has."""
     alive = [n for n in nodes if n.get("Alive")]
     by_need: dict[tuple, list[Trial]] = {}
-    for trial in trials:
-        by_need.setdefault(tuple(sorted(demand(trial, gpu_id).items())), []).append(trial)
+    for trial in trials:  # a split topology's GPUs are its topology.gpus: its error names them, not tp
+        split = getattr(trial.engine, "topology", None) is not None and bool(trial.engine.topology.gpus)
+        by_need.setdefault((tuple(sorted(demand(trial, gpu_id).items())), split), []).append(trial)
     errors = []
-    for need, group in by_need.items():
+    for (need, split), group in by_need.items():
         if any(all(n["Resources"].get(k, 0) >= v for k, v in need) for n in alive):
             continue
         where = f"{group[0].chapter}/{group[0].name}" + (f" and {len(group) - 1} more" if len(group) > 1 else "")
@@ -108,7 +123,11 @@ def cluster_errors(trials: list[Trial], gpu_id: str | None, nodes: list[dict]) -
                                         "has", where))
             else:
                 most = int(max(n["Resources"].get("GPU", 0) for n in typed))
-                errors.append(SpecError("engine.tensor_parallel_size", int(wanted["GPU"]),
+                errors.append(SpecError("engine.topology.gpus", list(group[0].engine.topology.gpus),
+                                        f"at most {most} distinct GPUs (one per server) on one node of this type",
+                                        "let both servers share one GPU (gpus: [0, 0]) or add larger nodes", where)
+                              if split else
+                              SpecError("engine.tensor_parallel_size", int(wanted["GPU"]),
                                         f"at most {most} GPUs (tensor x pipeline parallel) on one node of this type",
                                         "lower tensor_parallel_size (or pipeline parallel size) or add larger "
                                         "nodes", where))
@@ -193,15 +212,14 @@ def execute(planned, store: Store, address: str | None = None, runs_dir: str | P
             max_attempts: int = MAX_ATTEMPTS) -> list[runner.TrialResult]:
     """executor.execute on a Ray cluster: every planned trial (plan it with for_written_gpu=True: the trials
     run on the nodes, not here), with resume; the cluster's fit is checked before any task starts."""
-    from qwen3lab.measure.executor import Listener
-
     planned.raise_errors()
-    listener = listener or Listener()
+    listener = listener or executor.Listener()
     gpu_id = planned.experiment.gpu
     ray = connect(address)
     errors = cluster_errors(planned.trials, gpu_id, ray.nodes())
     if errors:
         raise SpecErrors(errors)
+    executor.recover(store, listener)  # before resume looks, as the local executor does
     listener.started(planned)
     results, todo = [], []
     for verdict in planned.verdicts:
@@ -221,12 +239,12 @@ def execute(planned, store: Store, address: str | None = None, runs_dir: str | P
     return sorted(results, key=lambda r: order[r.trial.key])
 
 
-class _CapacityListening:
+class _CapacityListening(executor.Listener):
     """TrialPool's listener calls, told to a capacity.Listener (which hears of searches, not launches)."""
 
     def __init__(self, listener):
+        super().__init__(listener.log)
         self.inner = listener
-        self.log = listener.log
 
     def launching(self, trial, verdict) -> None:
         self.inner.launching(trial)
@@ -244,7 +262,6 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     """capacity.run_capacities on a Ray cluster: each trial's capacity search is one task (one server on one
     node for all of its points), as many at once as the cluster has slots; resumes from DuckDB."""
     from qwen3lab.measure import capacity as cap
-    from qwen3lab.measure import executor
 
     listener = listener or cap.Listener()
     planned = executor.plan(path, only, for_written_gpu=True)
@@ -255,10 +272,11 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     errors = cluster_errors(planned.trials, gpu_id, ray.nodes())
     if errors:
         raise SpecErrors(errors)
+    told = _CapacityListening(listener)
+    executor.recover(store, told)  # a killed driver's points: finished from their spools or interrupted
     listener.started(planned.experiment.name, len(planned.verdicts))
     results = {}
-    with TrialPool(ray, store, job_for(gpu_id, runs_dir, planned.path), _CapacityListening(listener),
-                   max_attempts) as pool:
+    with TrialPool(ray, store, job_for(gpu_id, runs_dir, planned.path), told, max_attempts) as pool:
         for verdict in planned.verdicts:
             done = None if fresh else cap.finished_search(store, verdict.trial)
             if done:

@@ -3,8 +3,11 @@
 The per-trial function (runner.run_trial) runs unchanged on the node; the store it is given is a Relay that
 turns each write into an event. Events are appended to a spool file on the node first, then handed to the
 driver in batches by a streaming generator task; the driver replays them into DuckDB (only the driver writes
-DuckDB) and deletes the spool once the run's last event is stored. A driver that dies leaves the spool on the
-node, so what was measured is still there.
+DuckDB) and deletes the spools once the run's last event is stored. A driver that dies leaves the spools on the
+node, so what was measured is still there: the run's own spool.jsonl (requests, samples, its end) is kept
+until then too, and is what Store.recover ingests when the driver's next start finds the run `running` with
+its worker gone. That read happens on the driver's host: it reaches a node's spool only when the node is that
+host (or shares runs_dir with it); elsewhere the run is marked `interrupted` with the rows that had arrived.
 """
 from __future__ import annotations
 
@@ -14,16 +17,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from qwen3lab.spool import SPOOL_NAME
 from qwen3lab.store import REQUEST_COLUMNS, Claim, Owner, new_run_id, now, record_row
 
 BATCH_S = 2.0  # how often a running trial hands its rows to the driver
-SPOOL_NAME = "relay.jsonl"  # beside the runner's own spool.jsonl of the run
+RELAY_NAME = "relay.jsonl"  # every event, beside the runner's own spool.jsonl of the run
 
 
 class Relay:
     """The write half of store.Store, run on the node: every call becomes an event the driver replays."""
 
     flush_every_s = BATCH_S  # an event is a list append: rows go to the driver during the load, not after it
+    keeps_spool = True  # a write here is in DuckDB only once the driver replays it: the run keeps its spool
 
     def __init__(self, runs_dir: Path, overrides: dict[str, Any], node: dict[str, Any]):
         self.runs_dir, self.overrides, self.node = runs_dir, overrides, node
@@ -49,7 +54,7 @@ class Relay:
         fields.setdefault("started_at", now())
         fields |= self.overrides  # what only the driver knows (the experiment file's git commit)
         fields = self._with_node({"info_json": {}, **fields})
-        self.spool = self.runs_dir / run_id / SPOOL_NAME
+        self.spool = self.runs_dir / run_id / RELAY_NAME
         self.spool.parent.mkdir(parents=True, exist_ok=True)
         self._emit("begin_run", run_id, fields)
         return run_id
@@ -154,11 +159,12 @@ def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, o
 
 
 def drop_spool(runs_dir: str, run_ids: list[str]) -> int:
-    """Delete runs' relay spools on their node once the driver has stored every event of them."""
+    """Delete runs' spools (the relay's and the run's own) on their node once the driver has stored every event
+    of them."""
     dropped = 0
     for run_id in run_ids:
-        path = Path(runs_dir) / run_id / SPOOL_NAME
-        if path.exists():
-            path.unlink()
-            dropped += 1
+        for path in (Path(runs_dir) / run_id / RELAY_NAME, Path(runs_dir) / run_id / SPOOL_NAME):
+            if path.exists():
+                path.unlink()
+                dropped += 1
     return dropped

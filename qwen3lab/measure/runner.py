@@ -452,7 +452,8 @@ def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: 
     error = (_try_store(store.ingest_spool, run_id, spool.path) if refused else None) \
         or _try_store(store.update_run, run_id, **final, spool_path=None)
     if error is None:
-        spool.remove()
+        if not getattr(store, "keeps_spool", False):  # a Ray relay: DuckDB has nothing yet (ray_worker.Relay)
+            spool.remove()
         return final["reason"]
     note = (f"DuckDB refused the run's writes ({error}); everything measured is kept in {spool.path} and is "
             "stored by the next qwen3lab start")

@@ -11,11 +11,13 @@ import dataclasses
 import os
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qwen3lab.errors import SpecError
 from qwen3lab.experiment.spec import EngineConfig
 from qwen3lab.measure import engine, router
 
@@ -23,13 +25,37 @@ PORTS = {"short": 8001, "long": 8002}  # of a pasted script: on one host, beside
 ROUTER_PORT = 9000
 
 
-def route_engines(config: EngineConfig) -> dict[str, EngineConfig]:
-    """Each route's server config, with its GPU (topology.gpus) in its own CUDA_VISIBLE_DEVICES."""
+def route_engines(config: EngineConfig, assigned: list[str] | None = None) -> dict[str, EngineConfig]:
+    """Each route's server config, with its GPU (topology.gpus, on `assigned`: see route_devices) in its own
+    CUDA_VISIBLE_DEVICES."""
     t = config.topology
-    out = {}
-    for i, (name, cfg) in enumerate(config.route_engines().items()):
-        out[name] = cfg.model_copy(update={"env": {**cfg.env, "CUDA_VISIBLE_DEVICES": str(t.gpus[i])}}) if t.gpus else cfg
-    return out
+    devices = route_devices(t.gpus, assigned) if t.gpus else None
+    return {name: cfg.model_copy(update={"env": {**cfg.env, "CUDA_VISIBLE_DEVICES": devices[i]}}) if devices else cfg
+            for i, (name, cfg) in enumerate(config.route_engines().items())}
+
+
+def route_devices(gpus: tuple[int, int], assigned: list[str] | None = None) -> tuple[str, ...]:
+    """Each route's CUDA_VISIBLE_DEVICES. Run here: topology.gpus as written. In a Ray task: the GPUs Ray
+    assigned to it (as many as the distinct indices, ray_executor.gpus_needed), lowest index on the first id,
+    so [0, 1] on Ray's ['3', '5'] is 3 and 5 and [1, 1] on ['6'] is 6 twice: never a GPU another task holds."""
+    if not assigned:
+        return tuple(str(g) for g in gpus)
+    order = sorted(set(gpus))
+    if len(assigned) < len(order):
+        raise SpecError("engine.topology.gpus", list(gpus), f"at most {len(assigned)} distinct GPU(s): the ones "
+                        f"assigned to this task ({', '.join(assigned)})", "reserve one GPU per distinct index "
+                        "(ray_executor.gpus_needed does) or share one GPU (gpus: [0, 0])")
+    return tuple(assigned[order.index(g)] for g in gpus)
+
+
+def assigned_gpus() -> list[str] | None:
+    """The GPU ids Ray assigned to the task this process runs (ray.get_gpu_ids(), in order); None outside a
+    Ray task (a driver has none; a process that never imported ray is no task) or with no GPU."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    ids = [str(i) for i in ray.get_gpu_ids()]  # a set underneath: sorted, numbers as numbers
+    return sorted(ids, key=lambda i: (len(i), i)) or None
 
 
 def router_config(config: EngineConfig, routes: dict[str, str], host: str = "127.0.0.1",
@@ -92,8 +118,8 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
     log_path = Path(log_path)
     logs = log_paths(config, log_path)
     with ExitStack() as stack:
-        servers = {name: stack.enter_context(engine.launch(cfg, logs[name], ready_timeout_s))
-                   for name, cfg in route_engines(config).items()}  # in order: long starts once short is up
+        servers = {name: stack.enter_context(engine.launch(cfg, logs[name], ready_timeout_s))  # in order: long
+                   for name, cfg in route_engines(config, assigned_gpus()).items()}  # starts once short is up
         rc = router_config(config, {n: s.base_url for n, s in servers.items()}, port=engine.free_port())
         running = stack.enter_context(router.launch(rc, logs["router"]))
         short, long = servers["short"], servers["long"]
