@@ -119,3 +119,43 @@ def test_kubernetes_is_one_pod_of_router_and_servers(gpus):
 def test_a_single_server_config_has_no_split_export():
     with pytest.raises(export.ExportError, match="topology"):
         export.export_split(EngineConfig(), Build("/usr/bin/python3", "0.33.0", "vllm", None))
+
+
+@pytest.mark.parametrize("gpus", [None, (0, 1)])
+def test_kubernetes_gives_each_server_its_own_routes_env(gpus, tmp_path):
+    """A route may override engine.env: each server gets its own route's env, in its own container or, sharing a
+    GPU, in one container whose bash script (run here by a real bash, `vllm` and `curl` stood in) sets it apart."""
+    config = split(env={"V": "a$b", "COMMON": "1"}, gpus=gpus)
+    config = config.model_copy(update={"topology": config.topology.model_copy(update={"routes": {
+        "short": {"max_model_len": 1024}, "long": {"env": {"V": "long 'one'", "ONLY_LONG": "x"}}}})})
+    engines = config.route_engines()
+    want = {n: export.container(cfg, "0.33.0", export.SPLIT_PORTS[n]).env for n, cfg in engines.items()}
+    assert want["short"]["V"] == "a$b" and "ONLY_LONG" in want["long"] and "COMMON" not in want["long"]
+    [deployment, _] = yaml.safe_load_all(export.export_split(config, Build("/usr/bin/python3", "0.33.0", "vllm", None),
+                                                             "0.33.0").kubernetes)
+    servers = deployment["spec"]["template"]["spec"]["containers"][1:]
+
+    def env_of(c):  # what the kubelet gives the container ($$ is one $), the Secret's entries left out
+        return {e["name"]: e["value"].replace("$$", "$") for e in c["env"] if "value" in e}
+
+    if gpus is not None:
+        for c, name in zip(servers, engines):
+            assert env_of(c) == want[name]
+        return
+    [vllm] = servers
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(f"#!{sys.executable}\nimport json, os, sys, time\n"
+                                  "print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}), flush=True)\n"
+                                  "time.sleep(0.5)\n")
+    (bin_dir / "curl").write_text("#!/bin/sh\nexit 0\n")
+    for f in bin_dir.iterdir():
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    got = subprocess.run(["/bin/bash", "-c", vllm["args"][0].replace("$$", "$")], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env_of(vllm)}, timeout=30)
+    printed = {json.loads(line)["argv"][-1]: json.loads(line)["env"] for line in got.stdout.splitlines()}
+    for name in engines:
+        env = printed[str(export.SPLIT_PORTS[name])]
+        assert {k: env.get(k) for k in want[name]} == want[name]
+        other = next(n for n in engines if n != name)
+        assert not set(want[other]) - set(want[name]) & set(env)

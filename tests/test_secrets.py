@@ -115,6 +115,7 @@ def test_a_secret_on_one_route_of_a_split_topology_is_redacted_in_its_row_and_ev
     for fmt in export.SPLIT_FORMATS:
         assert not leaked(getattr(ex, fmt)), fmt
     assert 'HF_TOKEN="${HF_TOKEN:?' in ex.shell
+    assert any("secret values are not stored" in n for n in ex.notes)  # the secret is the long route's alone
 
 
 HOSTILE_NAMES = ["x'; DROP TABLE runs; --", 'q"uote', "back\\slash", "semi;colon $(id) `id`", "ünï ✓ 名前",

