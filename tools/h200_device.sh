@@ -6,6 +6,7 @@
 #   STAGE run TIMEOUT_S CHAPTER/TRIAL...     `qwen3lab run` on a copy of the H200 experiment cut to those trials
 #   STAGE sweep TIMEOUT_S CHAPTER/TRIAL...   `qwen3lab sweep` (papermill, executed notebooks) on the same cut
 #   STAGE tests TIMEOUT_S PYTEST_K           `make test-gpu`'s tests (PYTEST_K: pytest -k, "" for all)
+#   STAGE capacity TIMEOUT_S [ARGS...]       `qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml` (resumes)
 # Every stage after the first starts from the committed DuckDB (the first time) and returns it under $OUT.
 set -u
 K=/root/kit; STAGE=$1; shift; R=$(pwd); DB=/root/h200-qwen3-14b.duckdb
@@ -32,6 +33,11 @@ case "$STAGE" in
         --db $DB --runs-dir /root/runs > "$OUT/$STAGE.log" 2>&1
     echo "$STAGE rc=$?"
     tail -c 6000 "$OUT/$STAGE.log" ;;
+  capacity)
+    timeout --signal=INT --kill-after=30 $T python3 -m qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml \
+        --db $DB --runs-dir /root/runs --json "$@" > "$OUT/capacity.json" 2> "$OUT/capacity.log"
+    echo "capacity rc=$?"
+    tail -c 6000 "$OUT/capacity.log" ;;
   tests)
     timeout --signal=INT --kill-after=30 $T python3 -m pytest -m gpu -v -p no:cacheprovider \
         tests/test_gpu_paths.py tests/test_hardware.py ${1:+-k "$1"} > "$OUT/test-gpu-$(date +%H%M%S).log" 2>&1
