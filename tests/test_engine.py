@@ -128,3 +128,55 @@ def test_the_cpu_server_leaves_the_first_core_to_the_client_unless_bound_by_the_
     assert engine.cpu_server_pin(tiny_config(), gpu, {0, 1}) == []  # a GPU server: not touched
     bound = tiny_config(env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
     assert engine.cpu_server_pin(bound, cpu, {0, 1}) == []  # the user's binding stands
+
+
+LAUNCHER = """
+import sys, time
+from pathlib import Path
+from qwen3lab.measure import engine
+from tests.conftest import tiny_config
+with engine.launch(tiny_config(), Path(sys.argv[1]), ready_timeout_s=600) as server:
+    print(server.process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_launcher_killed_with_its_children_leaves_no_engine_core(tmp_path):
+    """Ray kills a dead worker's direct children with SIGKILL: the API server gets no time to stop its engine
+    core and workers (grandchildren). The launch's guard ends the whole group: nothing is left."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path / "server.log")], cwd=REPO,
+                                stdout=subprocess.PIPE, text=True)
+    api_pid = 0
+
+    def group():  # the server's process group: the API server, its engine core and workers (ps names them VLLM::)
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if api_pid and os.getpgid(p.pid) == api_pid:
+                    out.append(p)
+            except (OSError, psutil.Error):
+                pass
+        return out
+
+    try:
+        api_pid = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 60  # the engine core is a child of the API server, in its group
+        while len(group()) < 2:
+            assert time.monotonic() < deadline, f"no engine core beside the API server: {group()}"
+            time.sleep(0.2)
+        for pid in (launcher.pid, api_pid):  # the launcher and its direct children, at once
+            os.kill(pid, signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 40
+        while group() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = [f"{p.pid} {' '.join(p.cmdline())[:40]}" for p in group()]
+        assert not left, f"left behind: {left}"
+    finally:
+        for p in group():
+            p.kill()

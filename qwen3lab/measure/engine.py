@@ -4,7 +4,11 @@ The server runs as a child in its own process group (so one signal reaches vLLM'
 with its log in a file kept beside the run. Whatever happens (error, Ctrl-C, SIGTERM), `stop()` leaves no
 process and no listening port behind. An `endpoint` is a server someone else runs: measured, never touched.
 
-Lines: a little over 450, because the launch (argv, env, emulated memory caps) and the one pasteable launch
+If qwen3lab itself is killed, the kernel gives the server SIGTERM (PR_SET_PDEATHSIG); if it is killed together
+with its children (Ray kills a dead worker's direct children with SIGKILL), a detached guard ends the server's
+whole group (_guard_group), or vLLM's engine core and workers would be left orphaned.
+
+Lines: about 500, because the launch (argv, env, emulated memory caps) and the one pasteable launch
 command every run stores and every export shows are one concept: written apart, they would drift.
 """
 from __future__ import annotations
@@ -137,6 +141,40 @@ def _die_with_parent() -> None:
     except OSError:
         pass
     os.setsid()
+
+
+# The guard: detached (a grandchild of qwen3lab, in a session of its own, so a killer of qwen3lab and its
+# children does not reach it), it blocks on a pipe only qwen3lab writes to. When qwen3lab dies, however it dies,
+# the kernel closes that pipe; the guard reads EOF and ends the server's group (SIGTERM, then SIGKILL). A normal
+# stop closes the pipe after the group is gone, and the guard finds nothing left to end.
+_GUARD = """
+import os, signal, sys, time
+group = int(sys.argv[1])
+if os.fork():
+    os._exit(0)
+os.setsid()
+sys.stdin.buffer.read()
+for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(group, sig)
+    except OSError:
+        break
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(group, 0)
+        except OSError:
+            sys.exit(0)
+        time.sleep(0.2)
+"""
+
+
+def _guard_group(group: int):
+    """Start the guard of process group `group`; returns the pipe to close once the group is stopped."""
+    first = subprocess.Popen([sys.executable, "-c", _GUARD, str(group)], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first.wait()  # it forked the guard and left: nothing of it is our child any more
+    return first.stdin
 
 
 def _auth_headers(config: EngineConfig) -> dict[str, str]:
@@ -293,6 +331,7 @@ class Server:
     headers: dict[str, str] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
     stopped_by_us: bool = False
+    guard: object | None = None  # the write end of the group's guard pipe (_guard_group)
 
     def alive(self) -> bool:
         return self.process is None or self.process.poll() is None
@@ -372,6 +411,9 @@ class Server:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if self.guard is not None:  # the group is gone: the guard wakes, finds nothing and leaves
+            self.guard.close()
+            self.guard = None
         deadline = time.monotonic() + 10
         while self.port and not port_is_free(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -441,6 +483,10 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
                     port=port, build=build, info={"emulation": emulated} if emulated else {},
                     headers=_auth_headers(config))
     _LIVE.add(server)
+    try:
+        server.guard = _guard_group(proc.pid)
+    except OSError:
+        pass  # no guard: PR_SET_PDEATHSIG still stops the server when qwen3lab alone is killed
     try:
         _wait_ready(server, ready_timeout_s)
         server.info["start_s"] = time.monotonic() - started  # process start to /health 200
