@@ -270,3 +270,20 @@ def test_the_committed_h200_results_show_in_the_dashboard(app, tmp_path, monkeyp
     assert len(steady) >= 10 and (steady.steady_p95_ttft_ms < steady.p95_ttft_ms).all()
     measured = ok[~ok.label.str.startswith("emulation")]
     assert ((measured.planner_kv_tokens / measured.vllm_kv_tokens - 1).abs() < 0.01).all()
+
+
+def test_the_committed_h200_capacities_show_on_the_capacity_page(app, tmp_path, monkeypatch):
+    """experiments/results/h200-qwen3-14b-capacity.duckdb: one capacity per configuration, ranked, with its curve."""
+    import shutil
+
+    path = tmp_path / "h200-capacity.duckdb"  # a copy: the committed file is never written
+    shutil.copy(ROOT / "experiments" / "results" / "h200-qwen3-14b-capacity.duckdb", path)
+    monkeypatch.setenv("QWEN3LAB_DB", str(path))
+    at = app("views/capacity.py")
+    ranked = at.dataframe[0].value
+    ok = ranked[ranked.status == "ok"]
+    assert list(ok.trial) == ["fp8-online", "bf16-defaults", "bf16-kv-fp8", "max-num-seqs-128"] or \
+        list(ok.trial) == ["fp8-online", "bf16-kv-fp8", "bf16-defaults", "max-num-seqs-128"]
+    # the bracket: the capacity is its last passing point, below the first failing one
+    assert (ok.low == ok.capacity).all() and (ok.capacity < ok.high).all()
+    assert len(at.get("plotly_chart")) >= 1

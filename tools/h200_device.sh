@@ -22,6 +22,9 @@ if [ ! -d /root/site/vllm ]; then
   [ -d /root/site/vllm ] || exit 3
 fi
 rm -rf $K/qwen3lab && mkdir -p $K/qwen3lab && tar -xzf .gpukit/gpu/q3src.tar.gz -C $K/qwen3lab || exit 4
+# provenance: `git archive` keeps the commit in the tar's pax header; runs store it as archive:SHA (runner.git_commit)
+python3 -c 'import sys, tarfile; print(tarfile.open(sys.argv[1]).pax_headers.get("comment", ""))' \
+    .gpukit/gpu/q3src.tar.gz > $K/qwen3lab/COMMIT
 [ -f $DB ] || cp experiments/results/h200-qwen3-14b.duckdb $DB
 source $K/env.sh
 cd $K/qwen3lab
