@@ -252,14 +252,19 @@ def test_refresh_shows_new_runs(app, db):
         store.delete_runs([rid])
 
 
-def test_the_committed_h200_results_show_in_the_dashboard(app, tmp_path, monkeypatch):
-    """experiments/results/h200-qwen3-14b.duckdb: its chapters, vLLM's KV beside the planner's, both TTFTs."""
+def open_committed(app, tmp_path, monkeypatch, name: str, page: str) -> AppTest:
+    """A page of the dashboard on a copy of a committed results file (the committed file is never written)."""
     import shutil
 
-    path = tmp_path / "h200.duckdb"  # a copy: the committed file is never written
-    shutil.copy(ROOT / "experiments" / "results" / "h200-qwen3-14b.duckdb", path)
+    path = tmp_path / name
+    shutil.copy(ROOT / "experiments" / "results" / name, path)
     monkeypatch.setenv("QWEN3LAB_DB", str(path))
-    at = app("views/runs.py")
+    return app(page)
+
+
+def test_the_committed_h200_results_show_in_the_dashboard(app, tmp_path, monkeypatch):
+    """experiments/results/h200-qwen3-14b.duckdb: its chapters, vLLM's KV beside the planner's, both TTFTs."""
+    at = open_committed(app, tmp_path, monkeypatch, "h200-qwen3-14b.duckdb", "views/runs.py")
     table = at.dataframe[0].value
     ok = table[table.status == "ok"]
     assert {"quantization", "block_size", "scheduler", "prefix_cache", "thinking_mode", "emulation"} <= \
@@ -274,12 +279,7 @@ def test_the_committed_h200_results_show_in_the_dashboard(app, tmp_path, monkeyp
 
 def test_the_committed_h200_capacities_show_on_the_capacity_page(app, tmp_path, monkeypatch):
     """experiments/results/h200-qwen3-14b-capacity.duckdb: one capacity per configuration, ranked, with its curve."""
-    import shutil
-
-    path = tmp_path / "h200-capacity.duckdb"  # a copy: the committed file is never written
-    shutil.copy(ROOT / "experiments" / "results" / "h200-qwen3-14b-capacity.duckdb", path)
-    monkeypatch.setenv("QWEN3LAB_DB", str(path))
-    at = app("views/capacity.py")
+    at = open_committed(app, tmp_path, monkeypatch, "h200-qwen3-14b-capacity.duckdb", "views/capacity.py")
     ranked = at.dataframe[0].value
     ok = ranked[ranked.status == "ok"]
     assert list(ok.trial) == ["fp8-online", "bf16-defaults", "bf16-kv-fp8", "max-num-seqs-128"] or \
