@@ -12,7 +12,11 @@ Prints per-round tables and the medians' ratios (target: every figure within 5%;
 at most half of vLLM's), and writes JSON under bench/results/ with the machine's load average.
 
     PYTHONPATH=$PWD .venv/bin/python bench/fidelity_bench.py [--rounds 5] [--launch-rounds 1]
-        [--requests 200] [--concurrency 16] [--tokens 128] [--warmup 8]
+        [--requests 200] [--concurrency 16] [--tokens 128] [--output-tokens N] [--warmup 8]
+        [--model builtin:qwen3-tiny | FOLDER] [--max-model-len 2048] [--gpu h200]
+
+On a GPU host (tools/h200_device.sh fidelity): `--model` a local model folder (dummy weights), `--gpu` the
+catalogue id written into the experiment.
 """
 from __future__ import annotations
 
@@ -33,14 +37,17 @@ sys.path.insert(0, str(REPO))
 
 from qwen3lab.models import resolve_model_path  # noqa: E402
 
-MODEL = "builtin:qwen3-tiny"
+MODEL = "builtin:qwen3-tiny"  # --model
+MAX_MODEL_LEN = 2048  # --max-model-len
 FIELDS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "cpu_s_per_1k_tokens")
 SHORT = dict(zip(FIELDS, ("out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "CPU s/1k tok")))
 TOOLS = ("vllm bench serve", "qwen3lab run")
 
 
 def _env(repo: Path = REPO) -> dict:
-    return {**os.environ, "PYTHONPATH": str(repo), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # the checkout first, then whatever the environment had (a GPU kit's packages are found through it)
+    path = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": path, "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 CLIENT_CPUS: set[int] | None = None  # where both clients of the endpoint rounds run (--client-cpus)
@@ -88,7 +95,7 @@ class HandServer:
         # the launch path then differs by the launcher alone
         pin = engine.cpu_server_pin(EngineConfig(model=MODEL), engine.probe_build(sys.executable))
         argv = [*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-                "--load-format", "dummy", "--max-model-len", "2048", "--port", str(self.port)]
+                "--load-format", "dummy", "--max-model-len", str(MAX_MODEL_LEN), "--port", str(self.port)]
         self.log = open(log, "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=_env(),
                                      start_new_session=True)
@@ -156,7 +163,7 @@ def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
     model = str(resolve_model_path(MODEL))
     argv = [sys.executable, str(REPO / "bench" / "vllm_bench_serve.py"), "--backend", "vllm", "--base-url", url,
             "--model", model, "--tokenizer", model, "--dataset-name", "random",
-            "--random-input-len", str(args.tokens), "--random-output-len", str(args.tokens),
+            "--random-input-len", str(args.tokens), "--random-output-len", str(args.output_tokens),
             "--random-range-ratio", "0", "--num-prompts", str(args.requests), "--max-concurrency",
             str(args.concurrency), "--num-warmups", str(args.warmup), "--ignore-eos", "--seed", "0",
             # greedy, as qwen3lab's workload sends by default (temperature 0.0): without it vllm bench serve sends
@@ -178,9 +185,9 @@ def experiment_yaml(args, engine: dict) -> str:
     import yaml
 
     return yaml.safe_dump({
-        "name": "fidelity", "gpu": "cpu", "engine": engine,
+        "name": "fidelity", "gpu": args.gpu, "engine": engine,
         "workload": {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
-                     "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.tokens}]},
+                     "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}]},
         "chapters": {"main": {"question": "fidelity", "trials": [{"name": "t"}]}},
     })
 
@@ -214,7 +221,8 @@ def endpoint_engine(server: HandServer) -> dict:
     return {"kind": "endpoint", "url": server.url, "model": server.model, "tokenizer": server.model}
 
 
-LAUNCHED = {"kind": "vllm", "model": MODEL, "load_format": "dummy", "max_model_len": 2048,
+def launched_engine() -> dict:
+    return {"kind": "vllm", "model": MODEL, "load_format": "dummy", "max_model_len": MAX_MODEL_LEN,
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
 
 
@@ -245,7 +253,7 @@ def launch_rounds(args, work: Path, console) -> dict:
             got = qwen3lab_run(endpoint_engine(server), args, work, f"hand-{r}") | {"loadavg_1m": os.getloadavg()[0]}
         rows[BY_HAND].append(got)
         console.print(f"launch round {r + 1} by hand: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
-        got = qwen3lab_run(LAUNCHED, args, work, f"launch-{r}") | {"loadavg_1m": os.getloadavg()[0]}
+        got = qwen3lab_run(launched_engine(), args, work, f"launch-{r}") | {"loadavg_1m": os.getloadavg()[0]}
         rows[LAUNCHING].append(got)
         console.print(f"launch round {r + 1} qwen3lab: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS))
     return rows
@@ -299,13 +307,19 @@ def main() -> None:
     ap.add_argument("--launch-rounds", type=int, default=1, help="alternating launch-path rounds, a fresh server each")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--tokens", type=int, default=128, help="prompt and output tokens per request")
+    ap.add_argument("--tokens", type=int, default=128, help="prompt (and, unless --output-tokens, output) tokens")
+    ap.add_argument("--output-tokens", type=int, default=None, help="output tokens per request (default: --tokens)")
+    ap.add_argument("--model", default=MODEL, help="builtin:qwen3-tiny or a local model folder (dummy weights)")
+    ap.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
+    ap.add_argument("--gpu", default="cpu", help="the experiment's gpu (catalogue id, e.g. h200)")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests before each measured load")
     ap.add_argument("--client-cpus", default="auto", help="CPUs both clients of the endpoint rounds run on: "
                     "auto (the cores the server's pin leaves, core 0 here), none (unpinned), or a list like 0")
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))
     args = ap.parse_args()
-    global CLIENT_CPUS
+    args.output_tokens = args.output_tokens or args.tokens
+    global CLIENT_CPUS, MODEL, MAX_MODEL_LEN
+    MODEL, MAX_MODEL_LEN = args.model, args.max_model_len
     CLIENT_CPUS = (default_client_cpus() if args.client_cpus == "auto" else None if args.client_cpus == "none"
                    else {int(c) for c in args.client_cpus.split(",")})
     console = Console(width=250)
@@ -313,7 +327,7 @@ def main() -> None:
     load_before = machine_load()
     result = {"args": vars(args), "client_cpus": sorted(CLIENT_CPUS or []), "load_before": load_before}
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
-        what = f"{args.requests} requests x {args.tokens} in / {args.tokens} out, concurrency {args.concurrency}"
+        what = f"{args.requests} requests x {args.tokens} in / {args.output_tokens} out, concurrency {args.concurrency}"
         if args.rounds:
             result["endpoint"] = compare(endpoint_rounds(args, Path(tmp), console),
                                          f"endpoint: one server by hand, {what}", console)

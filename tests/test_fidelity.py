@@ -13,7 +13,7 @@ import argparse
 from bench.fidelity_bench import qwen3lab_run, vllm_bench, with_server_view
 
 MAX_ROUNDS = 3  # two at least; a third only when a burst of load spoiled one of the first two
-LOAD = argparse.Namespace(requests=64, concurrency=8, tokens=128, warmup=4)
+LOAD = argparse.Namespace(requests=64, concurrency=8, tokens=128, output_tokens=128, warmup=4, gpu="cpu")
 
 
 def _best(rows: dict) -> dict:
