@@ -368,6 +368,37 @@ def test_cli_refuses_what_the_ray_executor_cannot_honour(tmp_path):
     assert not (tmp_path / "x.duckdb").exists()
 
 
+def test_sweep_on_ray_measures_on_the_cluster_then_the_notebooks_find_the_runs(cluster, tiny_server, tmp_path):
+    """`qwen3lab sweep --executor ray`, the command a user types: the chapter's trials run as Ray tasks (two
+    endpoint trials against the session's server), then the chapter notebook, executed by
+    papermill, finds them stored and runs nothing again; the report notebook follows."""
+    from qwen3lab.models import resolve_model_path
+
+    c, nodes = cluster
+    tokenizer = resolve_model_path("builtin:qwen3-tiny")
+    path = tmp_path / "ray-sweep.yaml"
+    path.write_text(f"name: ray-sweep\ngpu: cpu\n"
+                    f"engine: {{kind: endpoint, url: '{tiny_server.base_url}', model: '{tiny_server.model_name}', "
+                    f"tokenizer: '{tokenizer}'}}\n"
+                    "workload: {num_requests: 6, warmup_requests: 0, mix: fixed-128, concurrency: 2}\n"
+                    "chapters:\n  baseline:\n    trials: [{name: a, workload.seed: 1}, {name: b, workload.seed: 2}]\n")
+    db, runs = tmp_path / "sweep.duckdb", tmp_path / "runs"
+    got = subprocess.run([sys.executable, "-m", "qwen3lab.cli", "sweep", str(path), "--only", "baseline", "--db",
+                          str(db), "--runs-dir", str(runs), "--executor", "ray", "--address", c.address],
+                         capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    rows = runs_of(db)
+    assert sorted((r["trial"], r["status"]) for r in rows) == [("a", "ok"), ("b", "ok")], rows
+    # measured on the cluster's nodes (an endpoint trial reserves a CPU, not a slot: the head may take one)
+    nodes_used = {Store(db).run(r["run_id"])["info"]["ray"]["node_id"] for r in rows}
+    assert nodes_used <= {n.node_id for n in [c.head_node, *nodes]}
+    assert Store(db).request_counts([r["run_id"] for r in rows]) == {r["run_id"]: 6 for r in rows}
+    (executed,) = runs.glob("ray-sweep/*/10_baseline.ipynb")
+    text = executed.read_text()
+    assert "not run again" in text and '"output_type": "error"' not in text
+    assert next(runs.glob("ray-sweep/*/99_report.ipynb")).is_file()
+
+
 def test_capacity_searches_run_as_tasks_one_server_each_and_resume(cluster, tmp_path):
     """`qwen3lab capacity --executor ray`: each configuration's search is one task, its points runs of one server
     on one node, its row and every point stored by the driver; both searches at once on the two slot nodes."""
