@@ -129,16 +129,20 @@ def main() -> None:
     console = Console()
     console.print(table)
     local, ray1 = rows[0], rows[1]
-    met = ray1["overhead_per_trial_s"] < TARGET_S
-    console.print(f"Ray overhead per trial (1 node): {ray1['overhead_per_trial_s']:.2f} s "
-                  f"({ray1['overhead_per_trial_s'] - local['overhead_per_trial_s']:+.2f} s against local); "
-                  f"target under {TARGET_S:g} s: {'met' if met else 'NOT met'}. Two nodes: "
+    # Two readings of the target, both reported: Ray's whole overhead per trial (the tool's own costs included,
+    # which the local executor pays too), and what Ray adds against local (the scheduling itself).
+    added = ray1["overhead_per_trial_s"] - local["overhead_per_trial_s"]
+    met, added_met = ray1["overhead_per_trial_s"] < TARGET_S, added < TARGET_S
+    console.print(f"Ray overhead per trial (1 node): {ray1['overhead_per_trial_s']:.2f} s, under {TARGET_S:g} s: "
+                  f"{'met' if met else 'NOT met'}; added against local: {added:+.2f} s, under {TARGET_S:g} s: "
+                  f"{'met' if added_met else 'NOT met'}. Two nodes: "
                   f"{rows[2]['wall_per_trial_s']:.2f} s of wall time per trial (trials in parallel: no overhead "
                   "figure).", highlight=False)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "ray_overhead.json"
     out.write_text(json.dumps({"host": platform.node(), "args": vars(args), "target_s": TARGET_S,
-                               "target_met": met, "rows": rows}, indent=2) + "\n")
+                               "target_met": met, "added_against_local_s": added,
+                               "added_target_met": added_met, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 
 
