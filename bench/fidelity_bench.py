@@ -300,6 +300,7 @@ def machine_load() -> dict:
 
 
 def main() -> None:
+    global CLIENT_CPUS, MODEL, MAX_MODEL_LEN
     from rich.console import Console
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -318,7 +319,6 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))
     args = ap.parse_args()
     args.output_tokens = args.output_tokens or args.tokens
-    global CLIENT_CPUS, MODEL, MAX_MODEL_LEN
     MODEL, MAX_MODEL_LEN = args.model, args.max_model_len
     CLIENT_CPUS = (default_client_cpus() if args.client_cpus == "auto" else None if args.client_cpus == "none"
                    else {int(c) for c in args.client_cpus.split(",")})
