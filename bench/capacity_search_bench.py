@@ -104,10 +104,9 @@ def search_yaml(space: dict, requests: int, seed: int, budget_s: float) -> str:
     import yaml
 
     t = trial_for({}, requests)
-    engine = {k: v for k, v in ENGINE.items()}
     capacity = t.workload.capacity.model_dump(exclude_none=True)
     return yaml.safe_dump({
-        "name": f"capacity-bench-live-{seed}", "gpu": "cpu", "engine": engine,
+        "name": f"capacity-bench-live-{seed}", "gpu": "cpu", "engine": ENGINE,
         "workload": {"mix": "fixed-128", "num_requests": requests, "seed": 0, "capacity": capacity},
         "slo": SLO_.model_dump(exclude_none=True),
         "search": {"space": {f"engine.{k}": v for k, v in space.items()}, "objective": "capacity", "sampler": "tpe",
@@ -131,9 +130,11 @@ def grid_best_suggested_at(history: list[dict], grid: list[dict], overhead_s: fl
 
 def live(space: dict, requests: int, seed: int, grid: list[dict], grid_s: float, within: float = 0.05) -> dict:
     """(d): one live `qwen3lab search`, timed from the command's start to its exit."""
-    best = max(g["capacity"] or 0 for g in grid)
+    import os
     import subprocess
     import tempfile
+
+    best = max(g["capacity"] or 0 for g in grid)
 
     with tempfile.TemporaryDirectory(prefix="capacity-live-") as tmp:
         exp = Path(tmp) / "search.yaml"
@@ -141,7 +142,7 @@ def live(space: dict, requests: int, seed: int, grid: list[dict], grid_s: float,
         t0 = time.monotonic()
         got = subprocess.run([sys.executable, "-m", "qwen3lab", "search", str(exp), "--db", str(Path(tmp) / "s.duckdb"),
                               "--runs-dir", str(Path(tmp) / "runs"), "--json"], capture_output=True, text=True,
-                             cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         total = time.monotonic() - t0
     if got.returncode not in (0, 1):
         raise SystemExit(f"qwen3lab search (seed {seed}) failed ({got.returncode}): {got.stderr[-2000:]}")

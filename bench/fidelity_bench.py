@@ -15,7 +15,7 @@ at most half of vLLM's), and writes JSON under bench/results/ with the machine's
         [--requests 200] [--concurrency 16] [--tokens 128] [--output-tokens N] [--warmup 8]
         [--model builtin:qwen3-tiny | FOLDER] [--max-model-len 2048] [--gpu h200]
 
-On a GPU host (tools/h200_device.sh fidelity): `--model` a local model folder (dummy weights), `--gpu` the
+On a GPU host (tools/h200_device.sh benches): `--model` a local model folder (dummy weights), `--gpu` the
 catalogue id written into the experiment.
 """
 from __future__ import annotations
