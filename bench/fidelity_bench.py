@@ -213,6 +213,8 @@ def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) ->
         "cpu_s_per_1k_tokens": s["client_cpu_s_per_1k_tokens"],
         # of it, the /metrics scraper's process (telemetry vLLM's tool does not do)
         "scraper_cpu_s_per_1k_tokens": 1000 * s.get("scraper_cpu_s", float("nan")) / max(s["total_output_tokens"], 1),
+        # and the NVML sampling thread's (over its whole life, a little longer than the load)
+        "gpu_sampler_cpu_s_per_1k_tokens": 1000 * s.get("gpu_sampler_cpu_s", float("nan")) / max(s["total_output_tokens"], 1),
         "loop_lag_p99_ms": s.get("client_loop_lag_p99_ms"),
         "loop_lag_max_ms": s.get("client_loop_lag_max_ms")}
 
@@ -288,8 +290,9 @@ def compare(rows: dict, title: str, console, cpu_half: bool = True) -> dict:
     for name, runs in rows.items():
         if all("scraper_cpu_s_per_1k_tokens" in x for x in runs):
             scraper = statistics.median(x["scraper_cpu_s_per_1k_tokens"] for x in runs)
+            nvml = statistics.median(x.get("gpu_sampler_cpu_s_per_1k_tokens", float("nan")) for x in runs)
             console.print(f"{name}: client CPU {med[name]['cpu_s_per_1k_tokens']:.4f} s per 1k tokens, of which the "
-                          f"/metrics scraper {scraper:.4f} (medians)")
+                          f"/metrics scraper {scraper:.4f} and the GPU sampler {nvml:.4f} (medians)")
     console.print(f"{ours} / {theirs} (medians): " + ", ".join(
         f"{k} {ratios[k]:.3f} {'ok' if meets[k] else 'MISSED'}" for k in FIELDS))
     return {"rounds": rows, "median": med, "ratio": ratios, "meets_target": meets}

@@ -109,3 +109,34 @@ def test_parse_metrics_sums_label_sets_and_reads_old_names():
             'vllm:generation_tokens_total 3e2\n')
     assert parse_metrics(text) == {"vllm:num_requests_running": 5.0, "vllm:kv_cache_usage_perc": 0.5,
                                    "vllm:prompt_tokens_total": 12.0, "vllm:generation_tokens_total": 300.0}
+
+
+def test_stream_parser_gives_the_same_events_however_the_bytes_are_cut():
+    """The one-chunk-one-event fast path and the general path agree: whole chunks one per read, several per
+    read, cut anywhere, a chunk extension, an event spread over two chunks."""
+    from qwen3lab.measure.loadgen import _StreamProtocol
+
+    events = [b'data: {"choices":[{"text":"' + str(i).encode() * i + b'"}]}' for i in range(1, 6)] + [b"data: [DONE]"]
+
+    def chunk(payload: bytes, ext: bytes = b"") -> bytes:
+        return f"{len(payload):x}".encode() + ext + b"\r\n" + payload + b"\r\n"
+
+    body = b"".join(chunk(e + b"\n\n") for e in events[:3])
+    body += chunk(events[3] + b"\n\n", b";x=1")  # an extension: the general path
+    body += chunk(events[4][:7]) + chunk(events[4][7:] + b"\n\n")  # one event in two chunks
+    body += chunk(events[5] + b"\n\n") + b"0\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    stream = head + body
+    cuts_list = [[len(head)] + [len(head) + body.index(chunk(e + b"\n\n")) for e in events[1:3]], list(range(1, len(stream))),
+                 [len(head) // 2, len(head) + 3, len(stream) - 4], []]
+
+    async def parse(cuts):
+        got = []
+        proto = _StreamProtocol(lambda msg, now: got.append(msg))
+        for a, b in zip([0, *cuts], [*cuts, len(stream)]):
+            proto.data_received(stream[a:b])
+        return proto.status, got
+
+    for cuts in cuts_list:
+        status, got = asyncio.run(parse(cuts))
+        assert status == 200 and got == events, cuts

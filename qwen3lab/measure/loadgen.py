@@ -182,6 +182,18 @@ class _StreamProtocol(asyncio.Protocol):
         if self.status != 200:
             self.body += data
             return
+        if self.chunked and not self.raw and not self.need and not self.sse:
+            # vLLM writes each SSE event as one HTTP chunk and a read most often holds exactly one: handed
+            # over with one slice, not cut three times (the client's CPU per token is what this saves)
+            eol = data.find(b"\r\n")
+            if 0 < eol < 9 and data.endswith(b"\n\n\r\n"):
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = -1  # a chunk extension: the general path below
+                if size == len(data) - eol - 4 and data.find(b"\n\n", eol + 2) == len(data) - 4:
+                    self.on_event(data[eol + 2:-4], now)
+                    return
         self._feed(self._dechunk(data) if self.chunked else data, now)
 
     def _dechunk(self, data: bytes) -> bytes:

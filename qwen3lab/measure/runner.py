@@ -337,7 +337,8 @@ def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
     # From the stored rows, as every comparison reads them: the Runs table and Compare agree.
     summary = _summary(store, run_id, flusher, result, trial)
     client_cpu_s = result.client_cpu_s + scraper.cpu_s  # the scraper's process is the client's too
-    summary |= {"client_cpu_s": client_cpu_s, "scraper_cpu_s": scraper.cpu_s, "max_model_len": max_len,
+    summary |= {"client_cpu_s": client_cpu_s, "scraper_cpu_s": scraper.cpu_s, "gpu_sampler_cpu_s": sampler.cpu_s,
+                "max_model_len": max_len,
                 "template_tokens": template,
                 "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
     if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)

@@ -69,7 +69,7 @@ class MetricsScraper:
         self.interval_s, self.t0, self.headers = interval_s, t0, headers or {}
         self.samples: list[tuple[float, str, str, float]] = []
         self.errors = 0
-        self.cpu_s = 0.0  # CPU seconds the scraper's process spent
+        self.cpu_s = 0.0  # CPU seconds the scraper's process spent, from its first scrape to its last
         self._proc = None
         self._out = None
         self._live: list[tuple[float, str, str, float]] = []
@@ -146,6 +146,9 @@ def _scrape_loop(url: str, interval_s: float, out_path: str) -> None:
     import sys
 
     headers = json.loads(sys.stdin.readline() or "{}")
+    # Its CPU from the first scrape on: the interpreter's start comes before the load, as vllm bench's imports
+    # and dataset do, which its client CPU leaves out too
+    cpu0 = time.process_time()
     last = False
     with open(out_path, "a") as out:
         while True:
@@ -153,7 +156,7 @@ def _scrape_loop(url: str, interval_s: float, out_path: str) -> None:
             out.write("".join(f"{t}\t{n}\t{v}\n" for n, v in got.items()) if got is not None else f"{t}\t!error\t0\n")
             out.flush()
             if last:  # its own CPU, counted as the client's (what measuring cost this machine)
-                out.write(f"{t}\t!cpu\t{time.process_time()}\n")
+                out.write(f"{t}\t!cpu\t{time.process_time() - cpu0}\n")
                 return
             ready, _, _ = select.select([sys.stdin], [], [], interval_s)
             last = bool(ready) and not sys.stdin.readline()  # EOF: the load is over, take the final counters
@@ -202,6 +205,7 @@ class NvmlSampler:
         self._log = log
         self._nvml = None
         self._handles: list[tuple[int, object]] = []
+        self.cpu_s = 0.0  # CPU seconds the sampling thread spent (NVML's driver calls included)
 
     def _open(self) -> bool:
         try:
@@ -244,25 +248,27 @@ class NvmlSampler:
         t = time.perf_counter() - self.t0
         for i, h in self._handles:
             src = f"gpu{i}"  # NVML's index (PCI order), the same as nvidia-smi's
-            reads = (
-                lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,
-                lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu,
-                lambda: nv.nvmlDeviceGetUtilizationRates(h).memory,
-                lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-                lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+            reads = (  # one driver call each: utilization's two fields come from one read
+                (("memory_used_mib",), lambda: (nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,)),
+                (("utilization_pct", "memory_utilization_pct"),
+                 lambda: (lambda u: (u.gpu, u.memory))(nv.nvmlDeviceGetUtilizationRates(h))),
+                (("power_w",), lambda: (nv.nvmlDeviceGetPowerUsage(h) / 1000.0,)),
+                (("sm_clock_mhz",), lambda: (nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),)),
+                (("temperature_c",), lambda: (nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),)),
             )
-            for name, read in zip(GPU_FIELDS, reads):
+            for names, read in reads:
                 try:
-                    self.samples.append((t, src, name, float(read())))
+                    self.samples += [(t, src, name, float(v)) for name, v in zip(names, read())]
                 except Exception:
                     pass  # a field this GPU does not report
 
     def _loop(self) -> None:
+        cpu0 = time.thread_time()
         while not self._stop.is_set():
             self.sample_once()
             self._stop.wait(self.interval_s)
         self.sample_once()
+        self.cpu_s = time.thread_time() - cpu0  # the client's CPU includes it: the runs say how much
 
     def start(self) -> "NvmlSampler":
         if self._open():
