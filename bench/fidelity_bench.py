@@ -231,7 +231,10 @@ def launched_engine() -> dict:
 def endpoint_rounds(args, work: Path, console) -> dict:
     rows = {t: [] for t in TOOLS}
     with HandServer(work / "server.log") as server:
-        vllm_bench(server.url, argparse.Namespace(**{**vars(args), "requests": 16, "warmup": 0}), work, "prime")
+        # unrecorded: a GPU server's first loads of a shape are its own warm-up (on the H200 the first round's
+        # TTFT was 750 ms for both clients, the next ones' ~100 ms), so --prime-requests of them come first
+        vllm_bench(server.url, argparse.Namespace(**{**vars(args), "requests": args.prime_requests, "warmup": 0}),
+                   work, "prime")
         for r in range(args.rounds):
             for tool in TOOLS:
                 got = with_server_view(server.url, lambda: (
@@ -317,6 +320,8 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     ap.add_argument("--gpu", default="cpu", help="the experiment's gpu (catalogue id, e.g. h200)")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests before each measured load")
+    ap.add_argument("--prime-requests", type=int, default=16,
+                    help="requests of an unrecorded vllm bench round on the endpoint server before the measured ones")
     ap.add_argument("--client-cpus", default="auto", help="CPUs both clients of the endpoint rounds run on: "
                     "auto (the cores the server's pin leaves, core 0 here), none (unpinned), or a list like 0")
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))

@@ -104,7 +104,8 @@ def main() -> None:
                 time.sleep(0.1)
         with router.launch(cfg, Path(tempfile.mkdtemp()) / "router.log") as running:
             proc = psutil.Process(running.process.pid)
-            run_sync(run_load(running.url, "bench", requests[:50], w.model_copy(update={"num_requests": 50})))  # warm
+            for url in (backend_url, running.url):  # a whole unrecorded round each way: the first was a cold start
+                run_sync(run_load(url, "bench", requests, w))
             for i in range(args.rounds):
                 order = [("direct", backend_url), ("router", running.url)]
                 for how, url in order if i % 2 == 0 else order[::-1]:

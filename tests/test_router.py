@@ -94,11 +94,15 @@ def test_prompt_tokens_and_routes_match_what_vllm_counted(backend, routed):
     for prompt in prompts:
         status, headers, raw = post(routed, "/v1/completions", completion(backend.model_name, prompt))
         assert status == 200, raw
-        counted = int(headers[router.TOKENS_HEADER])
-        assert counted == usage(raw)["prompt_tokens"], prompt
-        assert headers[router.ROUTE_HEADER] == ("short" if counted <= THRESHOLD else "long")
+        served = usage(raw)["prompt_tokens"]
+        if router.TOKENS_HEADER in headers:  # counted: exactly as vLLM counted
+            assert int(headers[router.TOKENS_HEADER]) == served, prompt
+        else:  # not counted: only a prompt whose bytes alone keep it under the threshold
+            assert len(prompt.encode()) <= THRESHOLD, prompt
+        assert headers[router.ROUTE_HEADER] == ("short" if served <= THRESHOLD else "long"), prompt
         seen_routes.add(headers[router.ROUTE_HEADER])
     assert seen_routes == {"short", "long"}
+    assert router.TOKENS_HEADER not in post(routed, "/v1/completions", completion(backend.model_name, "x"))[1]
     # Chat: the template rendered (thinking on and off, a list-of-parts message, a system turn).
     chats = [
         {"messages": [{"role": "user", "content": built[0].prompt}]},
@@ -114,6 +118,23 @@ def test_prompt_tokens_and_routes_match_what_vllm_counted(backend, routed):
         status, headers, raw = post(routed, "/v1/chat/completions", body)
         assert status == 200, raw
         assert int(headers[router.TOKENS_HEADER]) == usage(raw)["prompt_tokens"], chat
+
+
+def test_a_prompt_left_uncounted_is_within_the_threshold_and_a_counted_one_is_exact():
+    counter = PromptCounter(router.tokenizer_path(TINY_TOKENIZER))
+    texts = ["x", "", " " * 40, "\u0958" * 30, "<|im_start|>user\nhi<|im_end|>" * 3, "🙂" * 20, "Ünïcode é\tn\n" * 5,
+             "ﷺ㎏ﬁ" * 10, "word " * 30]
+    left = 0
+    for text in texts:
+        exact = counter.completion({"prompt": text})
+        for limit in (1, 8, 20, 40, 64, 200):
+            got = counter.count_above({"prompt": text}, "completion", limit)
+            assert got == exact if got is not None else exact <= limit, (text, limit)
+            left += got is None
+        chat = {"messages": [{"role": "user", "content": text}]}
+        got = counter.count_above(chat, "chat", 64)
+        assert got == counter.chat(chat) if got is not None else counter.chat(chat) <= 64, text
+    assert left >= 10  # the bound does decide short prompts
 
 
 def test_chat_template_renders_as_transformers_does():

@@ -7,8 +7,10 @@
 #   STAGE sweep TIMEOUT_S CHAPTER/TRIAL...   `qwen3lab sweep` (papermill, executed notebooks) on the same cut
 #   STAGE tests TIMEOUT_S PYTEST_K           `make test-gpu`'s tests (PYTEST_K: pytest -k, "" for all)
 #   STAGE capacity TIMEOUT_S [ARGS...]       `qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml` (resumes)
-#   STAGE benches TIMEOUT_S                  bench/router_bench.py, then bench/fidelity_bench.py against the 14B
-#                                            (dummy BF16, 1024 in / 128 out, 300 requests at 32): an idle 16-core host
+#   STAGE router TIMEOUT_S                   bench/router_bench.py (4 rounds of 2,000 requests at 200/s)
+#   STAGE fidelity TIMEOUT_S                 bench/fidelity_bench.py against the 14B (dummy BF16, 1024 in / 128 out,
+#                                            300 requests at 32, a full-size unrecorded round first, 4 rounds)
+#   STAGE benches TIMEOUT_S                  both, the router's first: an idle 16-core host
 # Every stage after the first starts from the committed DuckDB (the first time) and returns it under $OUT.
 set -u
 K=/root/kit; STAGE=$1; shift; R=$(pwd); DB=/root/h200-qwen3-14b.duckdb
@@ -43,13 +45,18 @@ case "$STAGE" in
         --db $DB --runs-dir /root/runs --json "$@" > "$OUT/capacity.json" 2> "$OUT/capacity.log"
     echo "capacity rc=$?"
     tail -c 6000 "$OUT/capacity.log" ;;
-  benches)
-    timeout --signal=INT 150 python3 bench/router_bench.py --out "$OUT/router_bench.json" > "$OUT/router_bench.log" 2>&1
-    echo "router_bench rc=$?"; tail -c 3000 "$OUT/router_bench.log"
-    timeout --signal=INT $T python3 bench/fidelity_bench.py --model $K/qwen3-14b-dummy --gpu h200 --max-model-len 4096 \
-        --tokens 1024 --output-tokens 128 --requests 300 --concurrency 32 --warmup 8 --rounds 3 --launch-rounds 0 \
-        --out "$OUT/fidelity_bench.json" > "$OUT/fidelity_bench.log" 2>&1
-    echo "fidelity_bench rc=$?"; tail -c 6000 "$OUT/fidelity_bench.log"
+  router|fidelity|benches)
+    if [ "$STAGE" != fidelity ]; then
+      timeout --signal=INT 200 python3 bench/router_bench.py --rounds 4 --out "$OUT/router_bench.json" \
+          > "$OUT/router_bench.log" 2>&1
+      echo "router_bench rc=$?"; tail -c 3000 "$OUT/router_bench.log"
+    fi
+    if [ "$STAGE" != router ]; then
+      timeout --signal=INT $T python3 bench/fidelity_bench.py --model $K/qwen3-14b-dummy --gpu h200 --max-model-len 4096 \
+          --tokens 1024 --output-tokens 128 --requests 300 --concurrency 32 --warmup 8 --prime-requests 300 --rounds 4 \
+          --launch-rounds 0 --out "$OUT/fidelity_bench.json" > "$OUT/fidelity_bench.log" 2>&1
+      echo "fidelity_bench rc=$?"; tail -c 6000 "$OUT/fidelity_bench.log"
+    fi
     exit 0 ;;
   tests)
     timeout --signal=INT --kill-after=30 $T python3 -m pytest -m gpu -v -p no:cacheprovider \

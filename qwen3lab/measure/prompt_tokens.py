@@ -26,6 +26,24 @@ class PromptCounter:
         self.tokenizer = load_tokenizer(source)
         self._config = _tokenizer_config(source)
         self._template = None  # compiled on the first chat request
+        self._bytes_bound = _bytes_bound(self.tokenizer._tok)
+
+    def count_above(self, body: dict, api: str, limit: int) -> int | None:
+        """The prompt's tokens, or None when it certainly has at most `limit` of them (then it is not tokenized).
+
+        A byte-level BPE token covers at least one byte of the (normalized) text, so a prompt has at most its
+        UTF-8 length in tokens, plus what the post-processor adds: a length decides most short prompts, where
+        encoding a 128-token prompt took 0.33-0.4 ms of the router's first-token path on this machine's core."""
+        text = self.render_chat(body) if api == "chat" else body.get("prompt")
+        if self._bytes_bound is not None and isinstance(text, str):
+            normalize, extra = self._bytes_bound
+            special = body.get("add_special_tokens", api != "chat")  # vLLM encodes a rendered chat without them
+            bound = len((normalize(text) if normalize else text).encode("utf-8", "surrogatepass")) + extra * special
+            if bound <= limit:
+                return None
+        if api == "chat":
+            return self.tokenizer.count(text, add_special_tokens=body.get("add_special_tokens", False))
+        return self.completion(body)
 
     def completion(self, body: dict) -> int:
         prompt = body.get("prompt")
@@ -55,6 +73,19 @@ class PromptCounter:
             add_generation_prompt=body.get("add_generation_prompt", True),
             continue_final_message=body.get("continue_final_message", False),
             **special, **(body.get("chat_template_kwargs") or {}))
+
+
+def _bytes_bound(tok) -> tuple | None:
+    """(normalize, special tokens added) when every token of `tok` covers at least one byte, else None."""
+    spec = json.loads(tok.to_str())
+    pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    level = [p for p in parts if p.get("type") == "ByteLevel"]
+    if model.get("type") != "BPE" or not level:
+        return None  # e.g. SentencePiece's "▁": a token of no byte of the text
+    prefix = sum(1 for p in level if p.get("add_prefix_space"))  # a space it adds before the text
+    normalize = tok.normalizer.normalize_str if tok.normalizer is not None else None  # NFC may lengthen a text
+    return normalize, prefix + len(tok.encode("", add_special_tokens=True).ids)
 
 
 def _flat_content(message: dict) -> dict:

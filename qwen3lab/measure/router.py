@@ -1,10 +1,12 @@
 """The length-aware router: one OpenAI-compatible address in front of a `short` and a `long` vLLM server.
 
-Each completions or chat request is counted with the served model's tokenizer, as vLLM counts it (the chat
-template rendered for chat), and sent to `short` when its prompt has at most `threshold_tokens` tokens, else
-to `long` (or, for comparison, to each route in turn: `round-robin`). The backend's response bytes go back
-unchanged (SSE events as vLLM wrote them); only two headers are added: `x-qwen3lab-route` and
-`x-qwen3lab-prompt-tokens`, so a client can store which route served each request.
+Each completions or chat request goes to `short` when its prompt has at most `threshold_tokens` tokens, else
+to `long` (or, for comparison, to each route in turn: `round-robin`). A prompt is counted with the served
+model's tokenizer, as vLLM counts it (the chat template rendered for chat), unless its length alone decides:
+a byte-level BPE token covers at least one byte, so a prompt of at most `threshold_tokens` bytes is short
+without being tokenized (that encode was most of the router's own first-token time). The backend's response
+bytes go back unchanged (SSE events as vLLM wrote them); only two headers are added: `x-qwen3lab-route`, so a
+client can store which route served each request, and `x-qwen3lab-prompt-tokens`, the count, where counted.
 
 Built on aiohttp, server and client: it is already a dependency, it is maintained by aio-libs with a long
 record, one library gives both sides (a streaming server response and a pooled streaming client), and on
@@ -136,7 +138,8 @@ class Metrics:
                                "Router time on a request's first-token path: receipt to backend send, plus "
                                "first backend chunk to its write.", ["route"], buckets=_LATENCY_BUCKETS,
                                registry=self.registry)
-        self.tokens = Histogram("qwen3lab_router_prompt_tokens", "Prompt tokens counted, by route.", ["route"],
+        self.tokens = Histogram("qwen3lab_router_prompt_tokens", "Prompt tokens, by route, of the prompts counted "
+                                "(those whose length alone did not decide the route).", ["route"],
                                 buckets=(64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
                                 registry=self.registry)
         for r in routes:  # every route appears at 0 before its first request
@@ -180,10 +183,11 @@ class Router:
             if b.session is not None:
                 await b.session.close()
 
-    def choose(self, tokens: int) -> str:
+    def choose(self, tokens: int | None) -> str:
+        """tokens: the prompt's count, None when its length alone kept it under the threshold (length policy)."""
         if self.config.policy == "round-robin":
             return next(self._turns)
-        return "short" if tokens <= self.config.threshold_tokens else "long"
+        return "short" if tokens is None or tokens <= self.config.threshold_tokens else "long"
 
     async def proxy(self, request, api: str):
         import aiohttp
@@ -193,9 +197,11 @@ class Router:
         raw = await request.read()
         try:
             body = json.loads(raw)
-            count = getattr(self.counter, api)
-            big = len(raw) > _OFFLOAD_CHARS
-            tokens = await asyncio.to_thread(count, body) if big else count(body)
+            if self.config.policy == "length":  # a prompt whose length alone puts it under the threshold: not counted
+                count = lambda: self.counter.count_above(body, api, self.config.threshold_tokens)  # noqa: E731
+                tokens = await asyncio.to_thread(count) if len(raw) > _OFFLOAD_CHARS else count()
+            else:
+                tokens = None  # round-robin needs no count
         except (ValueError, TypeError, AttributeError) as exc:
             self.metrics.errors.labels("none", "bad_request").inc()
             return web.Response(status=400, body=_error_body(f"qwen3lab router: {exc}", "BadRequestError", 400),
@@ -203,7 +209,8 @@ class Router:
         name = self.choose(tokens)
         backend = self.backends[name]
         self.metrics.requests.labels(name).inc()
-        self.metrics.tokens.labels(name).observe(tokens)
+        if tokens is not None:
+            self.metrics.tokens.labels(name).observe(tokens)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         before_send = time.perf_counter() - start
         try:
@@ -223,7 +230,9 @@ class Router:
             if upstream.status != 200:
                 self.metrics.errors.labels(name, f"http_{upstream.status}").inc()
             out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
-            out_headers.update({ROUTE_HEADER: name, TOKENS_HEADER: str(tokens)})
+            out_headers[ROUTE_HEADER] = name
+            if tokens is not None:
+                out_headers[TOKENS_HEADER] = str(tokens)
             out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=out_headers)
             if upstream.content_length is not None:
                 out.content_length = upstream.content_length
