@@ -50,6 +50,7 @@ def _env(repo: Path = REPO) -> dict:
     return {**os.environ, "PYTHONPATH": path, "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
+PREFIX_CACHING = True  # vLLM's default; --no-prefix-caching turns it off on the measured server
 CLIENT_CPUS: set[int] | None = None  # where both clients of the endpoint rounds run (--client-cpus)
 
 
@@ -95,7 +96,8 @@ class HandServer:
         # the launch path then differs by the launcher alone
         pin = engine.cpu_server_pin(EngineConfig(model=MODEL), engine.probe_build(sys.executable))
         argv = [*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-                "--load-format", "dummy", "--max-model-len", str(MAX_MODEL_LEN), "--port", str(self.port)]
+                "--load-format", "dummy", "--max-model-len", str(MAX_MODEL_LEN), "--port", str(self.port),
+                *([] if PREFIX_CACHING else ["--no-enable-prefix-caching"])]
         self.log = open(log, "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=_env(),
                                      start_new_session=True)
@@ -225,6 +227,7 @@ def endpoint_engine(server: HandServer) -> dict:
 
 def launched_engine() -> dict:
     return {"kind": "vllm", "model": MODEL, "load_format": "dummy", "max_model_len": MAX_MODEL_LEN,
+            **({} if PREFIX_CACHING else {"enable_prefix_caching": False}),  # as the server by hand
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
 
 
@@ -306,7 +309,7 @@ def machine_load() -> dict:
 
 
 def main() -> None:
-    global CLIENT_CPUS, MODEL, MAX_MODEL_LEN
+    global CLIENT_CPUS, MODEL, MAX_MODEL_LEN, PREFIX_CACHING
     from rich.console import Console
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,10 +327,15 @@ def main() -> None:
                     help="requests of an unrecorded vllm bench round on the endpoint server before the measured ones")
     ap.add_argument("--client-cpus", default="auto", help="CPUs both clients of the endpoint rounds run on: "
                     "auto (the cores the server's pin leaves, core 0 here), none (unpinned), or a list like 0")
+    ap.add_argument("--no-prefix-caching", action="store_true", help=(
+        "start the server with --no-enable-prefix-caching. Both clients send the same prompts every round (seed 0), "
+        "so with the cache on a round is fast or slow by what earlier rounds left cached: on the H200 (KV cache "
+        "~600k tokens, 345k a round) vllm bench's round after a same-seed prime ran at TTFT 106 ms, the others "
+        "at ~760 ms. Off, every round is the same work and only the client differs"))
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))
     args = ap.parse_args()
     args.output_tokens = args.output_tokens or args.tokens
-    MODEL, MAX_MODEL_LEN = args.model, args.max_model_len
+    MODEL, MAX_MODEL_LEN, PREFIX_CACHING = args.model, args.max_model_len, not args.no_prefix_caching
     CLIENT_CPUS = (default_client_cpus() if args.client_cpus == "auto" else None if args.client_cpus == "none"
                    else {int(c) for c in args.client_cpus.split(",")})
     console = Console(width=250)
