@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwen3lab.experiment import preflight  # noqa: E402
+from qwen3lab.hardware.catalogue import cpu_topology  # noqa: E402
 from qwen3lab.experiment.spec import Capacity, EngineConfig, SLO, Trial, Workload  # noqa: E402
 from qwen3lab.measure import capacity as cap  # noqa: E402
 from qwen3lab.store import Store  # noqa: E402
@@ -241,7 +242,7 @@ def main(argv: list[str]) -> int:
     out.write_text(json.dumps({"space": space, "requests_per_point": requests, "grid": grid, "grid_s": grid_s,
                                "optuna_replay": seeds, "median_share": statistics.median(shares) if shares else None,
                                "live_search": lives,
-                               "repeat": repeat, "host": platform.node(), "wall_s": time.monotonic() - t_start},
+                               "repeat": repeat, "host": platform.node(), "cpu": cpu_topology(), "wall_s": time.monotonic() - t_start},
                               indent=2, default=str))
     print(f"written {out}")
     return 0

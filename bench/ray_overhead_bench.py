@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from qwen3lab.hardware.catalogue import cpu_topology  # noqa: E402
 from qwen3lab.experiment.spec import EngineConfig  # noqa: E402
 from qwen3lab.measure import engine  # noqa: E402
 from qwen3lab.models import resolve_model_path  # noqa: E402
@@ -140,7 +141,7 @@ def main() -> None:
                   "figure).", highlight=False)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "ray_overhead.json"
-    out.write_text(json.dumps({"host": platform.node(), "args": vars(args), "target_s": TARGET_S,
+    out.write_text(json.dumps({"host": platform.node(), "cpu": cpu_topology(), "args": vars(args), "target_s": TARGET_S,
                                "target_met": met, "added_against_local_s": added,
                                "added_target_met": added_met, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")

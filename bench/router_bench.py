@@ -81,6 +81,7 @@ def main() -> None:
     from qwen3lab.experiment.spec import RequestClass, Workload
     from qwen3lab.measure import engine, router, workload as wl
     from qwen3lab.measure.loadgen import run_load, run_sync
+    from qwen3lab.hardware.catalogue import cpu_topology
 
     port = engine.free_port()
     backend = subprocess.Popen([sys.executable, __file__, "--serve-backend", str(port),
@@ -150,6 +151,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "host": platform.node(), "cpus": os.cpu_count(),
+                               "cpu": cpu_topology(),
                                "load_average_at_start": load0, "load_average_at_end": os.getloadavg(),
                                "summary": summary, "rounds": rows}, indent=2))
     console.print(f"written to {out}")

@@ -420,7 +420,8 @@ def probe_table(probe: dict) -> Table:
     t = Table(title=f"{probe['host']}: {probe['cpu']}", show_header=False)
     topo = probe.get("cpu_topology") or {}
     t.add_row("CPU", f"{topo.get('sockets')} socket(s), {topo.get('physical_cores')} cores, "
-                     f"{topo.get('logical_cpus')} threads ({topo.get('allowed_cpus')} allowed to this process)")
+                     f"{topo.get('logical_cpus')} threads ({topo.get('allowed_cpus')} allowed to this process); "
+                     f"vector: {', '.join(topo.get('vector_isa') or []) or '?'}")
     mem = probe.get("memory_gib")
     t.add_row("memory", f"{mem:.1f} GiB" if mem else "?")
     for node in probe.get("numa") or []:

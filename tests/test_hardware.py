@@ -198,3 +198,10 @@ def test_nvml_sampler_watches_only_the_visible_gpus():
     sampler = NvmlSampler(interval_s=0.01, visible_devices="99").start()
     sampler.stop()
     assert sampler.samples == [] and "CUDA_VISIBLE_DEVICES" in sampler.why_not
+
+
+def test_cpu_topology_names_the_vector_extensions_vllm_picks_kernels_by(monkeypatch):
+    cpuinfo = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx avx2 avx512f amx_tile\n"
+    monkeypatch.setattr(hardware, "_read", lambda path: cpuinfo if str(path) == "/proc/cpuinfo" else None)
+    topo = hardware.cpu_topology()
+    assert topo["model"] == "Some CPU" and topo["vector_isa"] == ["avx2", "avx512f"]
