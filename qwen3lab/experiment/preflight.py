@@ -44,7 +44,7 @@ class Machine:
         cc = tuple(gpus[0]["compute_capability"]) if gpus and gpus[0].get("compute_capability") else None
         return cls(device="cuda" if gpus else "cpu", gpu_name=gpus[0]["name"] if gpus else None,
                    compute_capability=cc, gpu_count=len(gpus), numa_nodes=probe.get("numa_nodes", 1),
-                   has_numactl=shutil.which("numactl") is not None, cpu_flags=_cpu_flags())
+                   has_numactl=shutil.which("numactl") is not None, cpu_flags=hardware.cpu_flags())
 
     @classmethod
     def for_gpu(cls, gpu_id: str) -> "Machine":
@@ -56,16 +56,6 @@ class Machine:
         spec = hardware.get_gpu(gpu_id)
         return cls(device="cuda", gpu_name=spec.name, compute_capability=spec.compute_capability, gpu_count=1,
                    numa_nodes=2, has_numactl=True)
-
-
-def _cpu_flags() -> frozenset[str] | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
 
 
 def skip_if_mismatched(trials: list, gpu_id: str | None, machine: Machine) -> list:

@@ -155,13 +155,18 @@ def _cpu_model() -> str:
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what vLLM's CPU kernels are chosen by
 
 
-def _vector_isa() -> list[str]:
-    """The vector extensions of VECTOR_FLAGS this CPU has: two 2-core VMs ran vLLM ~8x apart, one without AVX-512."""
+def cpu_flags() -> frozenset[str] | None:
+    """/proc/cpuinfo's flags of this host; None = not known."""
     for line in (_read(Path("/proc/cpuinfo")) or "").splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return [f for f in VECTOR_FLAGS if f in flags]
-    return []
+            return frozenset(line.split(":", 1)[1].split())
+    return None
+
+
+def _vector_isa() -> list[str]:
+    """The vector extensions of VECTOR_FLAGS this CPU has: two 2-core VMs ran vLLM ~8x apart, one without AVX-512."""
+    flags = cpu_flags() or frozenset()
+    return [f for f in VECTOR_FLAGS if f in flags]
 
 
 def parse_cpulist(text: str) -> list[int]:
