@@ -145,11 +145,16 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+def _cpuinfo(key: str) -> str | None:
+    """The first value of `key` in /proc/cpuinfo; None when it is not there."""
     for line in (_read(Path("/proc/cpuinfo")) or "").splitlines():
-        if line.startswith("model name"):
+        if line.startswith(key):
             return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return None
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what vLLM's CPU kernels are chosen by
@@ -157,10 +162,8 @@ VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what vLLM's CPU
 
 def cpu_flags() -> frozenset[str] | None:
     """/proc/cpuinfo's flags of this host; None = not known."""
-    for line in (_read(Path("/proc/cpuinfo")) or "").splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return None
+    flags = _cpuinfo("flags")
+    return None if flags is None else frozenset(flags.split())
 
 
 def _vector_isa() -> list[str]:

@@ -41,9 +41,7 @@ class PromptCounter:
             bound = len((normalize(text) if normalize else text).encode("utf-8", "surrogatepass")) + extra * special
             if bound <= limit:
                 return None
-        if api == "chat":
-            return self.tokenizer.count(text, add_special_tokens=body.get("add_special_tokens", False))
-        return self.completion(body)
+        return self.chat(body, rendered=text) if api == "chat" else self.completion(body)
 
     def completion(self, body: dict) -> int:
         prompt = body.get("prompt")
@@ -56,8 +54,9 @@ class PromptCounter:
             return max(self.completion({**body, "prompt": p}) for p in prompt)
         raise ValueError("'prompt' must be a string, a list of token ids, or a list of either")
 
-    def chat(self, body: dict) -> int:
-        text = self.render_chat(body)
+    def chat(self, body: dict, rendered: str | None = None) -> int:
+        """rendered: render_chat(body), where the caller has it already."""
+        text = self.render_chat(body) if rendered is None else rendered
         return self.tokenizer.count(text, add_special_tokens=body.get("add_special_tokens", False))
 
     def render_chat(self, body: dict) -> str:
