@@ -140,3 +140,42 @@ def test_stream_parser_gives_the_same_events_however_the_bytes_are_cut():
     for cuts in cuts_list:
         status, got = asyncio.run(parse(cuts))
         assert status == 200 and got == events, cuts
+
+
+def test_one_connection_carries_one_response_after_another():
+    """Kept alive: a response ends at its last chunk (or its Content-Length), not when the server closes, and
+    the next response on the same connection is parsed from a clean state."""
+    from qwen3lab.measure.loadgen import _StreamProtocol
+
+    sse = b'data: {"choices":[{"text":"a"}]}\n\n'
+    ok = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+          + f"{len(sse):x}".encode() + b"\r\n" + sse + b"\r\n0\r\n\r\n")
+    err_body = b'{"error":"too long"}'
+    err = b"HTTP/1.1 400 Bad Request\r\ncontent-length: " + str(len(err_body)).encode() + b"\r\n\r\n" + err_body
+    closing = ok.replace(b"chunked\r\n", b"chunked\r\nconnection: close\r\n", 1)
+
+    async def go():
+        got = []
+        proto = _StreamProtocol()
+        outcomes = []
+        for response, cut in ((ok, len(ok) - 3), (err, len(err) - 5), (ok, len(ok) - 2), (closing, 10)):
+            proto.start(lambda msg, now: got.append(msg))
+            proto.data_received(response[:cut])
+            first_part_ended = proto.done.done()
+            proto.data_received(response[cut:])
+            outcomes.append((first_part_ended, proto.done.done(), proto.status, proto.reusable))
+        return got, outcomes, proto.body
+
+    got, outcomes, body = asyncio.run(go())
+    assert got == [sse[:-2]] * 3
+    assert outcomes == [(False, True, 200, True), (False, True, 400, True), (False, True, 200, True),
+                        (False, True, 200, False)]
+    assert body == b""  # the last response's state: the error body went with its response
+
+
+def test_requests_share_kept_alive_connections(tiny_server, tok):
+    """As vllm bench's aiohttp session does: a closed loop of 2 sends 12 requests on about 2 connections, not 12."""
+    w = small_workload(num_requests=10, concurrency=2, warmup_requests=2)
+    _, result = _load(tiny_server, w, tok)
+    assert all(r.ok for r in result.records) and len(result.records) == 12
+    assert 1 <= result.connections <= 4, result.connections  # 2, plus a retry should the server close an idle one

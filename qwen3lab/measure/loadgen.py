@@ -60,6 +60,7 @@ class LoadResult:
     t0_perf: float  # time.perf_counter() when the measured load began: the origin of every `sent_at`
     loop_lag_s: list[float] = field(default_factory=list)  # how late each LAG_PROBE_S wake-up of the loop came
     stalled: str | None = None  # why the load was cut: the server is up but sent nothing for stall_timeout_s
+    connections: int = 0  # TCP connections opened, warm-up included (kept alive: about the concurrency)
 
 
 LAG_PROBE_S = 0.02
@@ -149,26 +150,44 @@ def run_sync(coro):
 
 
 class _StreamProtocol(asyncio.Protocol):
-    """One streamed HTTP/1.1 response, parsed where the bytes arrive (no reader task, no copies per token).
+    """One HTTP/1.1 connection, kept alive from one response to the next as vllm bench's aiohttp session does.
 
-    Parses the status line and headers, undoes chunked transfer encoding, cuts the body into SSE events and
-    hands each to `on_event` with the time of the read that completed it.
+    Each response is parsed where its bytes arrive (no reader task, no copies per token): the status line and
+    headers, chunked transfer encoding undone, the body cut into SSE events, each handed to `on_event` with
+    the time of the read that completed it. `done` resolves when the response ends (its last chunk, its
+    Content-Length, or the connection closing); `reusable` says whether the next request may use the connection.
     """
 
-    def __init__(self, on_event: Callable[[bytes, float], None]):
+    def __init__(self, on_event: Callable[[bytes, float], None] | None = None):
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.start(on_event or (lambda msg, now: None))
+
+    def start(self, on_event: Callable[[bytes, float], None]) -> None:
+        """Ready for the next response on this connection."""
         self.on_event = on_event
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.status: int | None = None
         self.head = b""
         self.chunked = False
+        self.length: int | None = None  # Content-Length, when the body is not chunked
+        self.keep = True  # the server did not say `Connection: close`
         self.raw = b""  # body bytes not yet de-chunked
         self.need = 0  # bytes left in the current HTTP chunk
+        self.last = False  # the last (zero-size) chunk has been read
         self.sse = b""  # de-chunked bytes not yet cut into events
         self.body = b""  # kept only for error responses
+        self.seen = 0  # body bytes of a Content-Length response
         self.route: str | None = None
+        self.reusable = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
+        if self.done.done():
+            return  # nothing is asked on this connection now
         if self.status is None:
             self.head += data
             cut = self.head.find(b"\r\n\r\n")
@@ -177,10 +196,20 @@ class _StreamProtocol(asyncio.Protocol):
             head, data = self.head[:cut], self.head[cut + 4:]
             lines = head.split(b"\r\n")
             self.status = int(lines[0].split(b" ", 2)[1])
-            self.chunked = any(h.lower().startswith(b"transfer-encoding:") and b"chunked" in h.lower() for h in lines[1:])
-            self.route = next((h[len(_ROUTE):].strip().decode() for h in lines[1:] if h.lower().startswith(_ROUTE)), None)
+            for h in lines[1:]:
+                low = h.lower()
+                if low.startswith(b"transfer-encoding:") and b"chunked" in low:
+                    self.chunked = True
+                elif low.startswith(b"content-length:"):
+                    self.length = int(h.split(b":", 1)[1])
+                elif low.startswith(b"connection:") and b"close" in low:
+                    self.keep = False
+                elif low.startswith(_ROUTE):
+                    self.route = h[len(_ROUTE):].strip().decode()
+            self.keep = self.keep and lines[0].startswith(b"HTTP/1.1")
         if self.status != 200:
-            self.body += data
+            self.body += self._dechunk(data) if self.chunked else data
+            self._end_if_complete(len(data))
             return
         if self.chunked and not self.raw and not self.need and not self.sse:
             # vLLM writes each SSE event as one HTTP chunk and a read most often holds exactly one: handed
@@ -195,6 +224,14 @@ class _StreamProtocol(asyncio.Protocol):
                     self.on_event(data[eol + 2:-4], now)
                     return
         self._feed(self._dechunk(data) if self.chunked else data, now)
+        self._end_if_complete(len(data))
+
+    def _end_if_complete(self, n_body: int) -> None:
+        self.seen += n_body
+        if self.last or (not self.chunked and self.length is not None and self.seen >= self.length):
+            self.reusable = self.keep and not self.closed
+            if not self.done.done():
+                self.done.set_result(None)
 
     def _dechunk(self, data: bytes) -> bytes:
         self.raw += data
@@ -214,10 +251,14 @@ class _StreamProtocol(asyncio.Protocol):
             if not line:  # the CRLF that ends a chunk's data
                 pos = eol + 2
                 continue
-            self.need = int(line.split(b";", 1)[0], 16)
+            size = int(line.split(b";", 1)[0], 16)
+            if size == 0:  # the last chunk: the response ends at the empty line after any trailers
+                rest = raw[eol + 2:]
+                if rest.startswith(b"\r\n") or b"\r\n\r\n" in rest:
+                    self.last, pos = True, len(raw)
+                break  # else read again from this line once the rest has come
+            self.need = size
             pos = eol + 2
-            if self.need == 0:
-                pos = len(raw)  # last chunk: trailers do not matter
         self.raw = raw[pos:]
         return b"".join(out)
 
@@ -230,11 +271,47 @@ class _StreamProtocol(asyncio.Protocol):
         self.sse = buf[start:]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed, self.reusable = True, False
         if not self.done.done():
             self.done.set_result(exc)
 
 
-async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: RequestRecord, t0: float,
+class _Connections:
+    """Keep-alive connections to one server, as vllm bench's aiohttp connector keeps them: a request goes out
+    on an idle connection when there is one, so the server's loop is not asked to accept a connection per
+    request while it streams the others (and the client does not pay a connect per request either)."""
+
+    def __init__(self, host: str, port: int, ssl_ctx):
+        self.host, self.port, self.ssl_ctx = host, port, ssl_ctx
+        self.idle: list[_StreamProtocol] = []
+        self.opened = 0
+
+    async def get(self, timeout_s: float) -> tuple[_StreamProtocol, bool]:
+        """A connection, and whether it served a request before."""
+        while self.idle:
+            conn = self.idle.pop()  # the most recently used: the least likely to have been closed by the server
+            if not conn.closed:
+                return conn, True
+        _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+            _StreamProtocol, self.host, self.port, ssl=self.ssl_ctx,
+            server_hostname=self.host if self.ssl_ctx else None), timeout=timeout_s)
+        self.opened += 1
+        return conn, False
+
+    def put(self, conn: _StreamProtocol) -> None:
+        """Back to the idle ones when its response ended cleanly; closed otherwise (cut, timed out, cancelled)."""
+        if conn.reusable and not conn.closed:
+            self.idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.transport.close()
+        self.idle.clear()
+
+
+async def _one(conns: _Connections, head: bytes, body: bytes, rec: RequestRecord, t0: float,
                timeout_s: float) -> None:
     """Send one request and time its stream, with vllm bench serve's rules (see the module docstring)."""
     chunks = rec.chunk_times
@@ -259,19 +336,21 @@ async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: Req
             rec.error = f"server error: {str(err)[:500]}"
 
     rec.sent_at = st - t0
-    transport = None
+    conn = None
     try:
-        loop = asyncio.get_running_loop()
-        transport, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: _StreamProtocol(on_event), host, port, ssl=ssl_ctx,
-                                   server_hostname=host if ssl_ctx else None), timeout=timeout_s)
-        transport.write(head + body)
-        exc = await asyncio.wait_for(proto.done, timeout=max(0.001, timeout_s - (time.perf_counter() - st)))
-        rec.status, rec.route = proto.status, proto.route
-        if proto.status is None:
+        for _attempt in range(2):
+            conn, reused = await conns.get(timeout_s)
+            conn.start(on_event)
+            conn.transport.write(head + body)
+            exc = await asyncio.wait_for(conn.done, timeout=max(0.001, timeout_s - (time.perf_counter() - st)))
+            if not (reused and conn.closed and not conn.head):
+                break
+            # an idle connection the server closed as this request went out: once more, on a new connection
+        rec.status, rec.route = conn.status, conn.route
+        if conn.status is None:
             rec.error = f"connection closed before a response ({exc or 'no error'})"
-        elif proto.status != 200:
-            rec.error = f"HTTP {proto.status}: {proto.body[:500].decode(errors='replace')}"
+        elif conn.status != 200:
+            rec.error = f"HTTP {conn.status}: {conn.body[:500].decode(errors='replace')}"
         elif exc is not None and rec.error is None:
             rec.error = f"{type(exc).__name__}: {exc}"[:500]
         elif not ended and rec.error is None:
@@ -292,8 +371,8 @@ async def _one(host: str, port: int, ssl_ctx, head: bytes, body: bytes, rec: Req
         if chunks:
             rec.ttft = chunks[0]
     finally:
-        if transport is not None:
-            transport.close()
+        if conn is not None:
+            conns.put(conn)
 
 
 async def run_load(
@@ -316,7 +395,7 @@ async def run_load(
     ssl_ctx = ssl.create_default_context() if parsed.scheme == "https" else None
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     prefix = (f"POST {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nContent-Type: application/json\r\n"
-              f"Accept: text/event-stream\r\nConnection: close\r\n{extra}")
+              f"Accept: text/event-stream\r\n{extra}")
     records: list[RequestRecord] = []
 
     # Every request's bytes are made before the first send: nothing is serialised on the loop that reads streams.
@@ -329,10 +408,10 @@ async def run_load(
         head, body = wire[id(req)]
         try:
             if sem is None or held:
-                await _one(host, port, ssl_ctx, head, body, rec, t0, workload.request_timeout_s)
+                await _one(conns, head, body, rec, t0, workload.request_timeout_s)
             else:  # scheduled arrival: wait here for a slot, as vllm bench's max_concurrency does
                 async with sem:
-                    await _one(host, port, ssl_ctx, head, body, rec, t0, workload.request_timeout_s)
+                    await _one(conns, head, body, rec, t0, workload.request_timeout_s)
         except asyncio.CancelledError:
             if stalled and on_done:  # failed by the stall watch: stored like any failed request
                 on_done(rec)
@@ -349,32 +428,34 @@ async def run_load(
         return RequestRecord(req.index, req.request_class, req.prompt_tokens, req.output_tokens,
                              req.shared_prefix, warm)
 
-    # One connection per request (Connection: close): nothing to pool, nothing to close at the end.
+    conns = _Connections(host, port, ssl_ctx)
     stalled: list[str] = []
     unanswered = asyncio.Event()
     flights: list = []  # (task, record, t0) for the stall watch
     watch = asyncio.create_task(_watch_stalls(flights, workload.stall_timeout_s, stalled))
-    t0 = time.perf_counter()
-    if n_warm:
-        warm = [record_for(r, True) for r in requests[:n_warm]]
-        records += warm
-        warm_tasks = [asyncio.create_task(limited(r, rec, t0)) for r, rec in zip(requests, warm)]
-        flights += [(task, rec, t0) for task, rec in zip(warm_tasks, warm)]
-        _raise_first(await asyncio.gather(*warm_tasks, return_exceptions=True))
-    measured = requests[n_warm:]
-    offsets = arrival_offsets(workload, len(measured))
-    deadline = workload.duration_s
-    # As vLLM's own client does: what exists now (imports, prompts, the tokenizer) moves out of the collector's
-    # reach, so that no full collection walks it (tens of ms, a stalled read) while streams are timed.
-    gc.collect()
-    gc.freeze()
-    cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
-    tasks, lags = [], []
-    probe = asyncio.create_task(_probe_loop_lag(lags))
-    # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
-    # queued past a deadline and sending stops at once when the server is gone.
-    closed = offsets is None and sem is not None
+    tasks: list = []
+    probe = None
     try:
+        t0 = time.perf_counter()
+        if n_warm:
+            warm = [record_for(r, True) for r in requests[:n_warm]]
+            records += warm
+            warm_tasks = [asyncio.create_task(limited(r, rec, t0)) for r, rec in zip(requests, warm)]
+            flights += [(task, rec, t0) for task, rec in zip(warm_tasks, warm)]
+            _raise_first(await asyncio.gather(*warm_tasks, return_exceptions=True))
+        measured = requests[n_warm:]
+        offsets = arrival_offsets(workload, len(measured))
+        deadline = workload.duration_s
+        # As vLLM's own client does: what exists now (imports, prompts, the tokenizer) moves out of the collector's
+        # reach, so that no full collection walks it (tens of ms, a stalled read) while streams are timed.
+        gc.collect()
+        gc.freeze()
+        cpu0, t0, started = time.process_time(), time.perf_counter(), time.time()
+        lags: list[float] = []
+        probe = asyncio.create_task(_probe_loop_lag(lags))
+        # Closed loop (no arrival schedule): take a slot before creating the request, so that nothing is
+        # queued past a deadline and sending stops at once when the server is gone.
+        closed = offsets is None and sem is not None
         i = 0
         while deadline is not None or i < len(measured):
             req = measured[i % len(measured)]
@@ -405,12 +486,14 @@ async def run_load(
         _raise_first(await asyncio.gather(*tasks, return_exceptions=True))  # the stall watch cancels some
     finally:
         for task in tasks + [probe, watch]:
-            task.cancel()
+            if task is not None:
+                task.cancel()
+        conns.close()
         gc.unfreeze()
     # vllm bench's duration: to the end of the load, so a request that failed or timed out still takes its time
     duration = time.perf_counter() - t0
     return LoadResult(records, started, duration, time.process_time() - cpu0, t0, lags,
-                      stalled[0] if stalled else None)
+                      stalled[0] if stalled else None, conns.opened)
 
 
 async def _settle(should_stop: Callable[[], bool], grace_s: float = 2.0) -> None:

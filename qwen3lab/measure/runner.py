@@ -340,6 +340,7 @@ def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
     summary |= {"client_cpu_s": client_cpu_s, "scraper_cpu_s": scraper.cpu_s, "gpu_sampler_cpu_s": sampler.cpu_s,
                 "max_model_len": max_len,
                 "template_tokens": template,
+                "client_connections": result.connections,  # kept alive: about the concurrency, not the requests
                 "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
     if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)
         lag_ms = sorted(1000 * x for x in result.loop_lag_s)
