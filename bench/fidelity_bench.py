@@ -189,7 +189,8 @@ def experiment_yaml(args, engine: dict) -> str:
     return yaml.safe_dump({
         "name": "fidelity", "gpu": args.gpu, "engine": engine,
         "workload": {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
-                     "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}]},
+                     "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
+                     "scrape_interval_s": args.scrape_interval},
         "chapters": {"main": {"question": "fidelity", "trials": [{"name": "t"}]}},
     })
 
@@ -317,6 +318,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="alternating endpoint rounds (0: none)")
+    ap.add_argument("--scrape-interval", type=float, default=1.0,
+                    help="qwen3lab's /metrics scrape interval (workload.scrape_interval_s; its default 1 s): does "
+                         "the scraping perturb the server?")
     ap.add_argument("--launch-rounds", type=int, default=1, help="alternating launch-path rounds, a fresh server each")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=16)

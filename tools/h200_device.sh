@@ -8,7 +8,7 @@
 #   STAGE tests TIMEOUT_S PYTEST_K           `make test-gpu`'s tests (PYTEST_K: pytest -k, "" for all)
 #   STAGE capacity TIMEOUT_S [ARGS...]       `qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml` (resumes)
 #   STAGE router TIMEOUT_S                   bench/router_bench.py (4 rounds of 2,000 requests at 200/s)
-#   STAGE fidelity TIMEOUT_S                 bench/fidelity_bench.py against the 14B (dummy BF16, 1024 in / 128 out,
+#   STAGE fidelity TIMEOUT_S [ARGS...]       bench/fidelity_bench.py against the 14B (dummy BF16, 1024 in / 128 out,
 #                                            300 requests at 32, a full-size unrecorded round first, 4 rounds,
 #                                            the prefix cache off: each round the same work)
 #   STAGE benches TIMEOUT_S                  both, the router's first: an idle 16-core host
@@ -55,7 +55,7 @@ case "$STAGE" in
     if [ "$STAGE" != router ]; then
       timeout --signal=INT $T python3 bench/fidelity_bench.py --model $K/qwen3-14b-dummy --gpu h200 --max-model-len 4096 \
           --tokens 1024 --output-tokens 128 --requests 300 --concurrency 32 --warmup 8 --prime-requests 300 --rounds 4 \
-          --no-prefix-caching \
+          --no-prefix-caching "$@" \
           --launch-rounds 0 --out "$OUT/fidelity_bench.json" > "$OUT/fidelity_bench.log" 2>&1
       echo "fidelity_bench rc=$?"; tail -c 6000 "$OUT/fidelity_bench.log"
     fi
