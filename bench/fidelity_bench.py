@@ -14,6 +14,7 @@ at most half of vLLM's), and writes JSON under bench/results/ with the machine's
     PYTHONPATH=$PWD .venv/bin/python bench/fidelity_bench.py [--rounds 5] [--launch-rounds 1]
         [--requests 200] [--concurrency 16] [--tokens 128] [--output-tokens N] [--warmup 8]
         [--model builtin:qwen3-tiny | FOLDER] [--max-model-len 2048] [--gpu h200]
+        [--same-prompts] [--scrape-interval S] [--no-prefix-caching]
 
 On a GPU host (tools/h200_device.sh benches): `--model` a local model folder (dummy weights), `--gpu` the
 catalogue id written into the experiment.
@@ -164,9 +165,12 @@ def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
     """One `vllm bench serve` round; its result JSON's figures."""
     model = str(resolve_model_path(MODEL))
     argv = [sys.executable, str(REPO / "bench" / "vllm_bench_serve.py"), "--backend", "vllm", "--base-url", url,
-            "--model", model, "--tokenizer", model, "--dataset-name", "random",
-            "--random-input-len", str(args.tokens), "--random-output-len", str(args.output_tokens),
-            "--random-range-ratio", "0", "--num-prompts", str(args.requests), "--max-concurrency",
+            "--model", model, "--tokenizer", model,
+            *(["--dataset-name", "custom", "--dataset-path", str(args.same_prompts_file), "--skip-chat-template",
+               "--custom-output-len", str(args.output_tokens)] if args.same_prompts else
+              ["--dataset-name", "random", "--random-input-len", str(args.tokens), "--random-output-len",
+               str(args.output_tokens), "--random-range-ratio", "0"]),
+            "--num-prompts", str(args.requests), "--max-concurrency",
             str(args.concurrency), "--num-warmups", str(args.warmup), "--ignore-eos", "--seed", "0",
             # greedy, as qwen3lab's workload sends by default (temperature 0.0): without it vllm bench serve sends
             # no temperature, the server samples at 1.0, and its TPOT was 11% longer for that work alone
@@ -187,12 +191,31 @@ def experiment_yaml(args, engine: dict) -> str:
     import yaml
 
     return yaml.safe_dump({
-        "name": "fidelity", "gpu": args.gpu, "engine": engine,
-        "workload": {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
-                     "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
-                     "scrape_interval_s": args.scrape_interval},
+        "name": "fidelity", "gpu": args.gpu, "engine": engine, "workload": workload_fields(args),
         "chapters": {"main": {"question": "fidelity", "trials": [{"name": "t"}]}},
     })
+
+
+def workload_fields(args) -> dict:
+    return {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
+            "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
+            "scrape_interval_s": args.scrape_interval}
+
+
+def write_qwen3lab_prompts(args, path: Path) -> Path:
+    """The prompts `qwen3lab run` sends (its workload, seed 0), as a `vllm bench serve --dataset-name custom` file.
+
+    The clients' own prompts differ in what the server's tokenizer pays: with the H200 kit's tokenizer, a
+    1,024-token prompt of vllm bench's random dataset took 1.7 ms to tokenize, qwen3lab's 4.5 ms (2.7x, on a
+    2-core VM), and a closed loop's arrivals are tokenized one after another by the server's front end."""
+    from qwen3lab.experiment.spec import Workload
+    from qwen3lab.measure import workload as wl
+
+    model = str(resolve_model_path(MODEL))
+    requests = wl.build_requests(Workload(**workload_fields(args)), wl.load_tokenizer(model), MAX_MODEL_LEN, 0)
+    path.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_tokens}) + "\n"
+                            for r in requests[args.warmup:]))
+    return path
 
 
 def qwen3lab_run(engine: dict, args, work: Path, tag: str, repo: Path = REPO) -> dict:
@@ -321,6 +344,9 @@ def main() -> None:
     ap.add_argument("--scrape-interval", type=float, default=1.0,
                     help="qwen3lab's /metrics scrape interval (workload.scrape_interval_s; its default 1 s): does "
                          "the scraping perturb the server?")
+    ap.add_argument("--same-prompts", action="store_true", help=(
+        "vllm bench serve sends qwen3lab's prompts (its custom dataset) instead of its random dataset's: the same "
+        "text, so the server's tokenizer does the same work for both clients"))
     ap.add_argument("--launch-rounds", type=int, default=1, help="alternating launch-path rounds, a fresh server each")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=16)
@@ -350,6 +376,8 @@ def main() -> None:
     load_before = machine_load()
     result = {"args": vars(args), "client_cpus": sorted(CLIENT_CPUS or []), "load_before": load_before}
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
+        if args.same_prompts:
+            args.same_prompts_file = str(write_qwen3lab_prompts(args, Path(tmp) / "prompts.jsonl"))
         what = f"{args.requests} requests x {args.tokens} in / {args.output_tokens} out, concurrency {args.concurrency}"
         if args.rounds:
             result["endpoint"] = compare(endpoint_rounds(args, Path(tmp), console),
