@@ -202,19 +202,47 @@ def workload_fields(args) -> dict:
             "scrape_interval_s": args.scrape_interval}
 
 
-def write_qwen3lab_prompts(args, path: Path) -> Path:
-    """The prompts `qwen3lab run` sends (its workload, seed 0), as a `vllm bench serve --dataset-name custom` file.
-
-    The clients' own prompts differ in what the server's tokenizer pays: with the H200 kit's tokenizer, a
-    1,024-token prompt of vllm bench's random dataset took 1.7 ms to tokenize, qwen3lab's 4.5 ms (2.7x, on a
-    2-core VM), and a closed loop's arrivals are tokenized one after another by the server's front end."""
+def qwen3lab_prompts(args) -> list[str]:
+    """The measured prompts `qwen3lab run` sends (its workload, seed 0)."""
     from qwen3lab.experiment.spec import Workload
     from qwen3lab.measure import workload as wl
 
     model = str(resolve_model_path(MODEL))
     requests = wl.build_requests(Workload(**workload_fields(args)), wl.load_tokenizer(model), MAX_MODEL_LEN, 0)
-    path.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_tokens}) + "\n"
-                            for r in requests[args.warmup:]))
+    return [r.prompt for r in requests[args.warmup:]]
+
+
+def tokenize_cost(args) -> dict:
+    """What the server's tokenizer pays per prompt for each client's prompts (the model's own tokenizer, through
+    transformers as vLLM's front end loads it; the best of 3 passes, on this machine's CPU)."""
+    from transformers import AutoTokenizer
+    from vllm.benchmarks.datasets import RandomDataset
+
+    model = str(resolve_model_path(MODEL))
+    tok = AutoTokenizer.from_pretrained(model)
+    theirs = [r.prompt for r in RandomDataset(random_seed=0).sample(
+        tokenizer=tok, num_requests=args.requests, prefix_len=0, range_ratio=0.0, input_len=args.tokens,
+        output_len=args.output_tokens)]
+    out = {}
+    for name, prompts in (("vllm bench serve (random dataset)", theirs), ("qwen3lab run", qwen3lab_prompts(args))):
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            lengths = [len(tok(p).input_ids) for p in prompts]
+            best = min(best, time.perf_counter() - t)
+        out[name] = {"ms_per_prompt": 1000 * best / len(prompts), "tokens": sorted(set(lengths)),
+                     "chars_per_prompt": sum(map(len, prompts)) / len(prompts)}
+    return out
+
+
+def write_qwen3lab_prompts(args, path: Path) -> Path:
+    """The prompts `qwen3lab run` sends (its workload, seed 0), as a `vllm bench serve --dataset-name custom` file.
+
+    The clients' own prompts differ in what the server's tokenizer pays (`tokenize_cost`: with the H200 kit's
+    tokenizer 1.8 ms against qwen3lab's 4.7 ms per 1,024-token prompt on a 2-core VM), and the server's front end
+    tokenizes a closed loop's simultaneous arrivals one after another."""
+    path.write_text("".join(json.dumps({"prompt": p, "output_tokens": args.output_tokens}) + "\n"
+                            for p in qwen3lab_prompts(args)))
     return path
 
 
@@ -375,6 +403,10 @@ def main() -> None:
     console.print(f"endpoint rounds' clients on CPUs {sorted(CLIENT_CPUS) if CLIENT_CPUS else 'any'}")
     load_before = machine_load()
     result = {"args": vars(args), "client_cpus": sorted(CLIENT_CPUS or []), "load_before": load_before}
+    result["tokenize"] = tokenize_cost(args)
+    for name, got in result["tokenize"].items():
+        console.print(f"server-side tokenization of {name}'s prompts: {got['ms_per_prompt']:.2f} ms per prompt "
+                      f"({got['chars_per_prompt']:.0f} characters, {got['tokens']} tokens)")
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         if args.same_prompts:
             args.same_prompts_file = str(write_qwen3lab_prompts(args, Path(tmp) / "prompts.jsonl"))
