@@ -167,7 +167,7 @@ def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
     argv = [sys.executable, str(REPO / "bench" / "vllm_bench_serve.py"), "--backend", "vllm", "--base-url", url,
             "--model", model, "--tokenizer", model,
             *(["--dataset-name", "custom", "--dataset-path", str(args.same_prompts_file), "--skip-chat-template",
-               "--custom-output-len", str(args.output_tokens)] if args.same_prompts else
+               "--custom-output-len", str(args.output_tokens)] if getattr(args, "same_prompts", False) else
               ["--dataset-name", "random", "--random-input-len", str(args.tokens), "--random-output-len",
                str(args.output_tokens), "--random-range-ratio", "0"]),
             "--num-prompts", str(args.requests), "--max-concurrency",
@@ -199,7 +199,7 @@ def experiment_yaml(args, engine: dict) -> str:
 def workload_fields(args) -> dict:
     return {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
             "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
-            "scrape_interval_s": args.scrape_interval}
+            "scrape_interval_s": getattr(args, "scrape_interval", 1.0)}
 
 
 def qwen3lab_prompts(args) -> list[str]:

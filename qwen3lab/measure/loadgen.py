@@ -7,6 +7,9 @@ bytes arrive (no reader task, no per-token coroutine switch), chunks are recogni
 closing usage chunk is parsed as JSON. Every request's bytes are made before the load, the garbage collector's
 heap is frozen during it, and `on_done` must stay O(1) (an append): storing, telemetry and progress happen
 elsewhere (measure/runner.py, measure/telemetry.py).
+
+Lines: over 450 because the client's one concept includes its own HTTP/1.1 reading (status, chunks,
+SSE, kept-alive connections): a library's would cost CPU per token on the loop that timestamps the streams.
 """
 from __future__ import annotations
 
