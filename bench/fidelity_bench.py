@@ -212,7 +212,7 @@ def qwen3lab_prompts(args) -> list[str]:
     return [r.prompt for r in requests[args.warmup:]]
 
 
-def tokenize_cost(args) -> dict:
+def tokenize_cost(args, ours: list[str]) -> dict:
     """What the server's tokenizer pays per prompt for each client's prompts (the model's own tokenizer, through
     transformers as vLLM's front end loads it; the best of 3 passes, on this machine's CPU)."""
     from transformers import AutoTokenizer
@@ -224,7 +224,7 @@ def tokenize_cost(args) -> dict:
         tokenizer=tok, num_requests=args.requests, prefix_len=0, range_ratio=0.0, input_len=args.tokens,
         output_len=args.output_tokens)]
     out = {}
-    for name, prompts in (("vllm bench serve (random dataset)", theirs), ("qwen3lab run", qwen3lab_prompts(args))):
+    for name, prompts in (("vllm bench serve (random dataset)", theirs), ("qwen3lab run", ours)):
         best = float("inf")
         for _ in range(3):
             t = time.perf_counter()
@@ -235,14 +235,13 @@ def tokenize_cost(args) -> dict:
     return out
 
 
-def write_qwen3lab_prompts(args, path: Path) -> Path:
-    """The prompts `qwen3lab run` sends (its workload, seed 0), as a `vllm bench serve --dataset-name custom` file.
+def write_qwen3lab_prompts(prompts: list[str], output_tokens: int, path: Path) -> Path:
+    """The prompts `qwen3lab run` sends, as a `vllm bench serve --dataset-name custom` file.
 
     The clients' own prompts differ in what the server's tokenizer pays (`tokenize_cost`: with the H200 kit's
     tokenizer 1.8 ms against qwen3lab's 4.7 ms per 1,024-token prompt on a 2-core VM), and the server's front end
     tokenizes a closed loop's simultaneous arrivals one after another."""
-    path.write_text("".join(json.dumps({"prompt": p, "output_tokens": args.output_tokens}) + "\n"
-                            for p in qwen3lab_prompts(args)))
+    path.write_text("".join(json.dumps({"prompt": p, "output_tokens": output_tokens}) + "\n" for p in prompts))
     return path
 
 
@@ -403,13 +402,14 @@ def main() -> None:
     console.print(f"endpoint rounds' clients on CPUs {sorted(CLIENT_CPUS) if CLIENT_CPUS else 'any'}")
     load_before = machine_load()
     result = {"args": vars(args), "client_cpus": sorted(CLIENT_CPUS or []), "load_before": load_before}
-    result["tokenize"] = tokenize_cost(args)
+    ours = qwen3lab_prompts(args)  # built once: timed for the tokenizer, and sent by vllm bench with --same-prompts
+    result["tokenize"] = tokenize_cost(args, ours)
     for name, got in result["tokenize"].items():
         console.print(f"server-side tokenization of {name}'s prompts: {got['ms_per_prompt']:.2f} ms per prompt "
                       f"({got['chars_per_prompt']:.0f} characters, {got['tokens']} tokens)")
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         if args.same_prompts:
-            args.same_prompts_file = str(write_qwen3lab_prompts(args, Path(tmp) / "prompts.jsonl"))
+            args.same_prompts_file = str(write_qwen3lab_prompts(ours, args.output_tokens, Path(tmp) / "prompts.jsonl"))
         what = f"{args.requests} requests x {args.tokens} in / {args.output_tokens} out, concurrency {args.concurrency}"
         if args.rounds:
             result["endpoint"] = compare(endpoint_rounds(args, Path(tmp), console),
