@@ -105,13 +105,38 @@ EXPERIMENT = {
                  "capacity": {"axis": "concurrency", "start": 2, "min_attainment": 0.9, "tolerance": 0.34,
                               "max_points": 6, "requests_per_point": 12, "warmup_per_point": 1}},
     "slo": {"ttft_ms": 1000},
-    "trials": [{"name": "max-num-seqs-4", "engine.max_num_seqs": 4}, {"name": "vllm-defaults"}],
+    # max-num-seqs-4 on two launches: a search on each fresh server, combined (capacity.launches)
+    "trials": [{"name": "max-num-seqs-4", "engine.max_num_seqs": 4, "workload.capacity.launches": 2},
+               {"name": "vllm-defaults"}],
 }
+
+
+def _launch(capacity, low, high, status="ok"):
+    return cap.CapacityResult(None, f"s{capacity}", "concurrency", status, capacity=capacity, low=low, high=high)
+
+
+def test_launches_combine_to_their_median_and_an_interval_spanning_every_bracket():
+    got = cap.combine([_launch(4, 4, 5), _launch(6, 6, 8), _launch(5, 5, 6)])
+    assert (got.status, got.capacity, got.low, got.high) == ("ok", 5, 4, 8)
+    assert [r.search_id for r in got.launches] == ["s4", "s6", "s5"] and got.reason.startswith("3 launches")
+    # a launch that found no failing point leaves the interval open above
+    got = cap.combine([_launch(4, 4, 5), _launch(16, 16, None, "unbounded")])
+    assert (got.status, got.capacity, got.low, got.high) == ("unbounded", 10, 4, None)
+    one = _launch(4, 4, 5)
+    assert cap.combine([one]) is one
+
+
+def test_launches_are_not_part_of_a_trials_identity():
+    # raising capacity.launches keeps the trial's key: the launches already measured count, only the rest run
+    assert Workload(capacity=Capacity()).key_dump() == Workload(capacity=Capacity(launches=3)).key_dump()
+    with pytest.raises(ValueError, match="launches"):
+        Capacity(launches=0)
 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    """Both configurations' capacity searches, measured once in this process, with what each point saw."""
+    """Both configurations' capacities (max-num-seqs-4 on two launches), measured once in this process, with the
+    server each point ran on."""
     from qwen3lab.store import Store
 
     tmp = tmp_path_factory.mktemp("capacity")
@@ -128,42 +153,52 @@ def searched(tmp_path_factory):
             procs = vllm_processes()
             seen[name].append((box["server"].process.pid, box["server"].alive(), len({p.pid for p in procs})))
 
-        results[trial.name] = cap.measure_capacity(trial, store, tmp / "runs", str(path), gpu_id="cpu",
-                                                   on_point=on_point, on_server=lambda s, box=box: box.update(server=s))
+        results[trial.name] = cap.capacity_of(trial, store, tmp / "runs", str(path), gpu_id="cpu",
+                                              on_point=on_point, on_server=lambda s, box=box: box.update(server=s))
     assert not vllm_processes(), "a server outlived its search"
     return path, store, results, seen
 
 
 def test_one_real_server_serves_every_point_of_a_configuration(searched):
     _, store, results, seen = searched
+    assert len(results["max-num-seqs-4"].launches) == 2 and not results["vllm-defaults"].launches
     for name, result in results.items():
-        assert result.status in cap.SEARCH_DONE, (name, result.status, result.reason)
-        assert len(result.points) >= 2  # a slow machine may fail the first point: bisected once, still one server
-        pids = {pid for pid, _, _ in seen[name]}
-        assert len(pids) == 1 and all(alive for _, alive, _ in seen[name]), seen[name]
-        row = store.capacities(trial_key=result.trial.key).iloc[0]
-        assert row.server_starts == 1 and row.points == len(result.points)
-        points = store.capacity_points([result.search_id])
-        assert list(points.point_index) == list(range(len(result.points)))
-        assert set(points.search_id) == {result.search_id} and points.log_path.nunique() == 1
-        log = open(points.log_path.iloc[0]).read()
-        assert log.count("# qwen3lab exec:") == 1  # launched once for all of its points
-        assert (points.status == "ok").all() and (points.completed > 0).all()
+        launches = result.launches or [result]
+        pids = [pid for pid, _, _ in seen[name]]
+        # one server per launch, alive for all of its points, a new one for the next launch
+        assert len(set(pids)) == len(launches) and all(alive for _, alive, _ in seen[name]), seen[name]
+        for launch in launches:
+            assert launch.status in cap.SEARCH_DONE, (name, launch.status, launch.reason)
+            assert len(launch.points) >= 2  # a slow machine may fail the first point: bisected once, one server
+            assert len({pids.pop(0) for _ in launch.points}) == 1
+            row = store.capacities(trial_key=result.trial.key).set_index("search_id").loc[launch.search_id]
+            assert row.server_starts == 1 and row.points == len(launch.points)
+            points = store.capacity_points([launch.search_id])
+            assert list(points.point_index) == list(range(len(launch.points)))
+            assert set(points.search_id) == {launch.search_id} and points.log_path.nunique() == 1
+            log = open(points.log_path.iloc[0]).read()
+            assert log.count("# qwen3lab exec:") == 1  # launched once for all of its points
+            assert (points.status == "ok").all() and (points.completed > 0).all()
 
 
 def test_bisection_on_a_real_server_lands_between_last_pass_and_first_fail(searched):
     _, store, results, _ = searched
-    result = results["max-num-seqs-4"]
-    assert result.status == "ok", result.reason
-    passes = [p.load for p in result.points if p.passed]
-    fails = [p.load for p in result.points if not p.passed]
-    assert result.capacity == result.low == max(x for x in passes if x < min(fails))
-    assert result.high == min(fails) and result.low < result.high
-    spec = result.trial.workload.capacity
-    assert (result.high - result.low) / result.high <= spec.tolerance or result.high - result.low == 1
-    stored = store.capacity_points([result.search_id])
-    assert list(stored.point_verdict) == ["pass" if p.passed else "fail" for p in result.points]
-    assert all(0 <= a <= 1 for a in stored.attainment)
+    combined = results["max-num-seqs-4"]
+    for result in combined.launches:
+        assert result.status == "ok", result.reason
+        passes = [p.load for p in result.points if p.passed]
+        fails = [p.load for p in result.points if not p.passed]
+        assert result.capacity == result.low == max(x for x in passes if x < min(fails))
+        assert result.high == min(fails) and result.low < result.high
+        spec = result.trial.workload.capacity
+        assert (result.high - result.low) / result.high <= spec.tolerance or result.high - result.low == 1
+        stored = store.capacity_points([result.search_id])
+        assert list(stored.point_verdict) == ["pass" if p.passed else "fail" for p in result.points]
+        assert all(0 <= a <= 1 for a in stored.attainment)
+    # the configuration's capacity: the launches' median, its interval spanning both brackets
+    first, second = combined.launches
+    assert combined.capacity == (first.capacity + second.capacity) / 2
+    assert (combined.low, combined.high) == (min(first.low, second.low), max(first.high, second.high))
 
 
 def test_a_point_that_ended_early_says_so_and_sent_fewer_requests(searched):
@@ -171,19 +206,20 @@ def test_a_point_that_ended_early_says_so_and_sent_fewer_requests(searched):
     # fewer requests than it planned says why in its summary and its verdict, and failed; every other point
     # sent all of its requests and says nothing of ending early.
     _, store, results, _ = searched
-    for name, result in results.items():
-        starts = set()
-        for p in result.points:
-            row = store.run(p.run_id)
-            starts.add(row["start_s"])
-            early, planned = row["summary"].get("ended_early"), row["workload"]["num_requests"]
-            sent = row["completed"] + row["failed"]
-            assert (early is not None) == (sent < planned), (name, p.load, early, sent, planned)
-            if early:
-                assert not p.passed and p.why == early and early.startswith(("failed early", "saturated")), p
-        # every point stores the start of the one server it ran on (engine's process start to /health, inside
-        # the search's own launch-to-ready time)
-        assert len(starts) == 1 and 0 < starts.pop() <= result.start_s, (name, starts, result.start_s)
+    for name, combined in results.items():
+        for result in combined.launches or [combined]:
+            starts = set()
+            for p in result.points:
+                row = store.run(p.run_id)
+                starts.add(row["start_s"])
+                early, planned = row["summary"].get("ended_early"), row["workload"]["num_requests"]
+                sent = row["completed"] + row["failed"]
+                assert (early is not None) == (sent < planned), (name, p.load, early, sent, planned)
+                if early:
+                    assert not p.passed and p.why == early and early.startswith(("failed early", "saturated")), p
+            # every point stores the start of the one server it ran on (engine's process start to /health,
+            # inside the search's own launch-to-ready time)
+            assert len(starts) == 1 and 0 < starts.pop() <= result.start_s, (name, starts, result.start_s)
 
 
 def test_max_num_seqs_4_has_a_lower_capacity_than_vllm_defaults(searched):
@@ -204,7 +240,8 @@ def test_cli_capacity_resumes_and_prints_json(searched):
         assert rows[name]["capacity"] == result.capacity and rows[name]["axis"] == "concurrency"
         assert rows[name]["interval"] == [result.low, result.high]
         assert [p["load"] for p in rows[name]["points"]] == [p.load for p in result.points]
-    assert len(store.capacities()) == 2
+        assert [r["search_id"] for r in rows[name]["launches"]] == [r.search_id for r in result.launches or [result]]
+    assert len(store.capacities()) == 3
 
 
 def test_capacity_page_ranks_configurations_by_capacity(searched, monkeypatch):
@@ -241,5 +278,5 @@ def test_capacity_notebook_resumes_the_stored_searches_and_draws_load_curves(sea
     nb = nbformat.read(out, as_version=4)
     text = "\n".join(str(o.get("data", o.get("text", ""))) for c in nb.cells for o in c.get("outputs", []))
     assert "application/vnd.plotly.v1+json" in text
-    assert len(store.capacities()) == 2  # resumed: nothing measured again
+    assert len(store.capacities()) == 3  # resumed: nothing measured again
     assert not (tmp_path / "runs").exists()

@@ -7,6 +7,7 @@ import streamlit as st
 from dashboard import ui
 from qwen3lab.analysis import plots
 from qwen3lab.errors import Qwen3LabError
+from qwen3lab.measure import capacity as cap
 
 st.title("Capacity")
 try:
@@ -24,13 +25,14 @@ if not searches.empty:
     experiments = sorted(searches.experiment.dropna().unique())
     experiment = st.selectbox("Experiment", experiments, key="capacity_experiment")
     mine = searches[searches.experiment == experiment]
-    # The newest search of each configuration stands for it; ranked by capacity (higher serves more).
-    latest = mine.sort_values("started_at", ascending=False).drop_duplicates("trial_key")
+    # Each configuration's newest searches (as many launches as it asked for) stand for it; ranked by capacity.
+    latest = cap.per_configuration(mine.sort_values("started_at", ascending=False))
     ranked = latest.sort_values("capacity", ascending=False, na_position="last")
     st.caption("Capacity = the largest offered load whose point met the SLOs; the bracket is that point and the "
-               "first failing one above it. One server served every point of a configuration.")
-    st.dataframe(ranked[["chapter", "trial", "status", "axis", "capacity", "low", "high", "points", "start_s",
-                         "measure_s", "reason", "search_id"]], hide_index=True, width="stretch",
+               "first failing one above it. One server served every point of a search; with `capacity.launches` "
+               "above 1, the capacity is the median of that many launches and the bracket spans all of them.")
+    st.dataframe(ranked[["chapter", "trial", "status", "axis", "capacity", "low", "high", "launches", "points",
+                         "start_s", "measure_s", "reason", "search_id"]], hide_index=True, width="stretch",
                  column_config={"capacity": st.column_config.NumberColumn("capacity", format="%g"),
                                 "low": st.column_config.NumberColumn("last pass", format="%g"),
                                 "high": st.column_config.NumberColumn("first fail", format="%g"),

@@ -422,12 +422,22 @@ class Capacity(Strict):
     saturation_waiting: int | None = Field(
         None, ge=1, description="request_rate axis: end a point as failed (saturated) once vLLM's waiting queue "
         "holds this many requests: the server is not keeping up (default: half the point's requests).")
+    launches: int = Field(
+        1, ge=1, le=16, description="Fresh server launches, each searched on its own: the configuration's capacity "
+        "is their median and its interval spans every launch's bracket (one launch says nothing of the spread "
+        "between launches). Not part of the trial's identity: raising it measures only the launches missing.")
 
 
 class Workload(Strict):
     """What the load generator sends, and when."""
 
     LATER_FIELDS: ClassVar[dict[str, Any]] = {"capacity": None, "stall_timeout_s": 120.0}
+
+    def key_dump(self) -> dict[str, Any]:
+        out = super().key_dump()
+        if out.get("capacity"):  # how many launches measure a configuration is not what the configuration is
+            out["capacity"].pop("launches", None)
+        return out
 
     api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions.")
     mix: str | list[RequestClass] = Field(

@@ -6,17 +6,21 @@ fresh prompt seed, so prefix hits never carry over), a warm-up at the start of e
 up to the first failing point, then bisected until the bracket is within the tolerance. Each point is a run of
 its own, measured by the runner's `measure` and linked to its search (search_id, point_index); the capacity
 and its bracket are stored in `capacities`. A point ends early once it has failed for certain, or when vLLM's
-waiting queue shows the server is not keeping up.
+waiting queue shows the server is not keeping up. With `capacity.launches: N` a configuration is searched on N
+fresh launches (a search each); its capacity is their median, its interval spans every launch's bracket.
 """
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import pandas as pd
 
 from qwen3lab.analysis import metrics
 from qwen3lab.errors import EngineError, SpecErrors
@@ -56,6 +60,7 @@ class CapacityResult:
     points: list[Point] = field(default_factory=list)
     start_s: float | None = None
     measure_s: float = 0.0
+    launches: list[CapacityResult] = field(default_factory=list)  # the searches combined, when more than one
 
     def as_dict(self) -> dict:
         return {"experiment": self.trial.experiment, "chapter": self.trial.chapter, "trial": self.trial.name,
@@ -65,7 +70,9 @@ class CapacityResult:
                 "points": [{k: v for k, v in asdict(p).items() if k != "summary"} |
                            {"p95_ttft_ms": (p.summary or {}).get("p95_ttft_ms"),
                             "p95_tpot_ms": (p.summary or {}).get("p95_tpot_ms"),
-                            "request_goodput": (p.summary or {}).get("request_goodput")} for p in self.points]}
+                            "request_goodput": (p.summary or {}).get("request_goodput")} for p in self.points],
+                "launches": [{"search_id": r.search_id, "status": r.status, "capacity": r.capacity,
+                              "interval": [r.low, r.high], "start_s": r.start_s} for r in self.launches or [self]]}
 
 
 # --- the search on the load axis (pure: tested without a server) ------------------------------------------
@@ -295,12 +302,95 @@ def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_
 
 
 # --- an experiment ----------------------------------------------------------------------------------------
-def finished_search(store: Store, trial: Trial) -> dict | None:
+def finished_launches(store: Store, trial: Trial, why: str = "measured earlier") -> list[CapacityResult]:
+    """The trial's finished searches (one per server launch), newest first."""
     df = store.capacities(trial_key=trial.key)
-    if df.empty:
+    done = df[df.status.isin(SEARCH_DONE + ("skipped",))] if not df.empty else df
+    return [resumed_result(trial, row, store, why) for row in done.to_dict("records")]
+
+
+def stored_capacity(store: Store, trial: Trial, why: str = "measured earlier",
+                    unfinished: bool = False) -> CapacityResult | None:
+    """The trial's capacity as stored: its newest `capacity.launches` finished searches combined (or its newest
+    skip). None while fewer have finished, unless `unfinished`: then the newest search, however it ended."""
+    done = finished_launches(store, trial, why)
+    need = (trial.workload.capacity or Capacity()).launches
+    if done and done[0].status == "skipped":
+        return done[0]
+    done = [r for r in done if r.status != "skipped"]
+    if len(done) >= need:
+        return combine(done[:need][::-1])  # in the order they were measured, as capacity_of combines them
+    if not unfinished:
         return None
-    done = df[df.status.isin(SEARCH_DONE + ("skipped",))]
-    return None if done.empty else done.iloc[0].to_dict()
+    newest = store.capacities(trial_key=trial.key)
+    return None if newest.empty else resumed_result(trial, newest.iloc[0].to_dict(), store, why)
+
+
+def combined(statuses: list[str], capacities: list[float], lows: list, highs: list) -> tuple:
+    """(status, capacity, low, high) of finished searches of one configuration, each on its own launch: the
+    median capacity, an interval from the lowest last pass to the highest first failure (open above when a launch
+    found no failure)."""
+    kinds = set(statuses)
+    status = "unbounded" if "unbounded" in kinds else "none_passed" if kinds == {"none_passed"} else "ok"
+    known = [x for x in lows if x is not None and x == x]
+    top = None if any(x is None or x != x for x in highs) else max(highs)
+    return status, statistics.median(capacities), (min(known) if known else None), top
+
+
+def combine(launches: list[CapacityResult]) -> CapacityResult:
+    """Finished searches of one configuration as one result (see `combined`), each launch kept in `launches`."""
+    if len(launches) == 1:
+        return launches[0]
+    first = launches[0]
+    status, capacity, low, high = combined([r.status for r in launches], [r.capacity for r in launches],
+                                           [r.low for r in launches], [r.high for r in launches])
+    return CapacityResult(
+        first.trial, first.search_id, first.axis, status,
+        f"{len(launches)} launches, capacities " + ", ".join(f"{r.capacity:g}" for r in launches),
+        capacity=capacity, low=low, high=high, points=[p for r in launches for p in r.points],
+        start_s=sum(r.start_s or 0.0 for r in launches), measure_s=sum(r.measure_s for r in launches),
+        launches=launches)
+
+
+def per_configuration(searches: pd.DataFrame) -> pd.DataFrame:
+    """Stored searches (`Store.capacities()`, newest first) as one row per configuration, as `stored_capacity`
+    gives it: its newest `launches` finished searches combined (`launches` from its newest search's spec), else
+    its newest search as it ended. `launches` counts the finished searches in the row."""
+    rows = []
+    for _, mine in searches.groupby("trial_key", sort=False):
+        spec = mine.iloc[0].spec_json
+        need = int((json.loads(spec) if isinstance(spec, str) else spec or {}).get("launches", 1))
+        done = mine[mine.status.isin(SEARCH_DONE)].head(need).iloc[::-1]  # in the order they were measured
+        if len(done) < need:
+            rows.append(mine.iloc[0].to_dict() | {"launches": len(done)})
+        elif need == 1:
+            rows.append(done.iloc[0].to_dict() | {"launches": 1})
+        else:
+            status, capacity, low, high = combined(list(done.status), list(done.capacity), list(done.low),
+                                                   list(done.high))
+            rows.append(done.iloc[0].to_dict() | {
+                "status": status, "capacity": capacity, "low": low, "high": high, "points": int(done.points.sum()),
+                "start_s": float(done.start_s.sum()), "measure_s": float(done.measure_s.sum()), "launches": need,
+                "reason": f"{need} launches, capacities " + ", ".join(f"{c:g}" for c in done.capacity)})
+    return pd.DataFrame(rows, columns=[*searches.columns, "launches"])
+
+
+def capacity_of(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
+                machine: preflight.Machine | None = None, gpu_id: str | None = None,
+                on_point: Callable[[Point], None] | None = None, progress: Callable[[int], None] | None = None,
+                verdict: preflight.Verdict | None = None, done: list[CapacityResult] = (),
+                on_server: Callable[[engine.Server], None] | None = None) -> CapacityResult:
+    """A configuration's capacity over `capacity.launches` fresh launches: those in `done` (finished earlier)
+    count, the rest are measured. A launch that does not finish (crash, OOM, skip...) is returned as it ended."""
+    need = (trial.workload.capacity or Capacity()).launches
+    launches = [r for r in done if r.status in SEARCH_DONE][:need]
+    while len(launches) < need:
+        got = measure_capacity(trial, store, runs_dir, experiment_path, machine, gpu_id, on_point=on_point,
+                               progress=progress, verdict=verdict, on_server=on_server)
+        if got.status not in SEARCH_DONE:
+            return got
+        launches.append(got)
+    return combine(launches)
 
 
 class Listener:
@@ -344,15 +434,15 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     results = []
     for verdict in planned.verdicts:
         trial = verdict.trial
-        done = None if fresh else finished_search(store, trial)
-        if done:
-            results.append(resumed_result(trial, done, store))
-            listener.resumed(results[-1])
+        stored = None if fresh else stored_capacity(store, trial)
+        if stored:
+            results.append(stored)
+            listener.resumed(stored)
             continue
         listener.launching(trial)
-        result = measure_capacity(trial, store, runs_dir, str(path), planned.machine, planned.experiment.gpu,
-                                  on_point=lambda p, t=trial: listener.point(t, p),
-                                  progress=listener.requests_done, verdict=verdict)
+        result = capacity_of(trial, store, runs_dir, str(path), planned.machine, planned.experiment.gpu,
+                             on_point=lambda p, t=trial: listener.point(t, p), progress=listener.requests_done,
+                             verdict=verdict, done=[] if fresh else finished_launches(store, trial))
         listener.finished(result)
         results.append(result)
     return results

@@ -278,18 +278,18 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     results = {}
     with TrialPool(ray, store, job_for(gpu_id, runs_dir, planned.path), told, max_attempts) as pool:
         for verdict in planned.verdicts:
-            done = None if fresh else cap.finished_search(store, verdict.trial)
-            if done:
-                results[verdict.trial.key] = cap.resumed_result(verdict.trial, done, store)
-                listener.resumed(results[verdict.trial.key])
+            stored = None if fresh else cap.stored_capacity(store, verdict.trial)
+            if stored:
+                results[verdict.trial.key] = stored
+                listener.resumed(stored)
             else:
                 pool.submit(verdict.trial, tag=verdict.trial, verdict=verdict, kind="capacity")
         while pool:
             for trial, _ in pool.step():
-                row = store.capacities(trial_key=trial.key)
-                if row.empty:  # lost with no attempt left before its row was begun
+                stored = cap.stored_capacity(store, trial, "measured on the cluster", unfinished=True)
+                if stored is None:  # lost with no attempt left before its row was begun
                     continue
-                results[trial.key] = cap.resumed_result(trial, row.iloc[0].to_dict(), store, "measured on the cluster")
+                results[trial.key] = stored
                 listener.finished(results[trial.key])
     return [results[t.key] for t in planned.trials if t.key in results]
 

@@ -136,8 +136,8 @@ def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, o
     def work() -> None:
         try:
             if kind == "capacity":
-                got = capacity.measure_capacity(trial, relay, runs_dir, experiment_path, preflight.Machine.local(),
-                                                gpu_id)
+                # every launch of capacity.launches (the driver submits a trial whose capacity is not stored yet)
+                got = capacity.capacity_of(trial, relay, runs_dir, experiment_path, preflight.Machine.local(), gpu_id)
                 outcome.update(status=got.status, reason=got.reason, search_id=got.search_id,
                                run_id=got.points[-1].run_id if got.points else None)
             else:

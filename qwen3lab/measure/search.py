@@ -1,8 +1,9 @@
 """Adaptive search over launch flags: optuna suggests a configuration, qwen3lab measures it like any trial.
 
 The experiment's `search:` gives the space (dotted engine/workload keys), the objective (capacity, measured by
-`capacity.measure_capacity`, or goodput at the workload's load, measured by `runner.run_trial`), the budget
-and the sampler (TPE, random, or the grid of a space of lists; NSGA-II when two objectives are asked).
+`capacity.capacity_of` on `capacity.launches` launches, or goodput at the workload's load, measured by
+`runner.run_trial`), the budget and the sampler (TPE, random, or the grid of a space of lists; NSGA-II when two
+objectives are asked).
 Pre-flight judges every suggestion before a launch: what it rejects or cannot run here is stored as pruned
 with the reason and never launched. Crashes and OOMs are stored as failed and told to the sampler as the
 worst value (a configuration that does not serve has no capacity), so it steers away. Every suggestion is a
@@ -171,7 +172,8 @@ def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path
     t0 = time.monotonic()
     out = _already_measured(search, trial, store)
     if out is None and search.objectives[0] == "capacity":
-        got = cap.measure_capacity(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict)
+        got = cap.capacity_of(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict,
+                              done=cap.finished_launches(store, trial))
         out = capacity_outcome(search, trial, got)
     elif out is None:
         got = runner.run_trial(trial, store, runs_dir, experiment_path=path, machine=machine, gpu_id=gpu_id,
@@ -184,8 +186,8 @@ def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path
 def _already_measured(search: Search, trial: Trial, store: Store) -> SearchTrial | None:
     """A configuration measured already (by qwen3lab capacity or run, another study): its stored result."""
     if search.objectives[0] == "capacity":
-        done = cap.finished_search(store, trial)
-        return capacity_outcome(search, trial, cap.resumed_result(trial, done, store)) if done else None
+        stored = cap.stored_capacity(store, trial)
+        return capacity_outcome(search, trial, stored) if stored else None
     done = selection.previous_run(store, trial.key, retry_failed=True, runnable_here=True)
     return goodput_outcome(search, trial, store, done[0]) if done else None
 
@@ -489,10 +491,9 @@ class _OnRay:
             return out
         for pending, result in self.pool.step():
             if self.kind == "capacity":
-                row = self.store.capacities(trial_key=pending.trial.key)
-                got = capacity_outcome(self.search, pending.trial, cap.resumed_result(
-                    pending.trial, row.iloc[0].to_dict(), self.store, "measured on the cluster")) \
-                    if not row.empty else SearchTrial(-1, {}, "failed", reason=result.reason)
+                stored = cap.stored_capacity(self.store, pending.trial, "measured on the cluster", unfinished=True)
+                got = capacity_outcome(self.search, pending.trial, stored) if stored else \
+                    SearchTrial(-1, {}, "failed", reason=result.reason)
             else:
                 got = goodput_outcome(self.search, pending.trial, self.store, result.run_id, result.status,
                                       result.reason, self.store.run(result.run_id).get("summary")

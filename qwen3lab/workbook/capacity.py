@@ -1,5 +1,5 @@
 """The capacity chapter: the capacity of an experiment's baseline and its leading candidates (by goodput under
-the SLOs in their stored runs), each on one server (capacity.measure_capacity, with resume), and their load
+the SLOs in their stored runs), each on one server per launch (capacity.capacity_of, with resume), and their load
 curves. The notebook is 95_capacity; `qwen3lab capacity` measures the same for every trial."""
 from __future__ import annotations
 
@@ -94,13 +94,11 @@ def capacity_chapter(experiment: str | os.PathLike, db: str, runs_dir: str = "ru
             spec = spec.model_copy(update=update)
         trial = trial.model_copy(update={"workload": trial.workload.model_copy(update={"capacity": spec})})
         verdict = dataclasses.replace(verdict, trial=trial)
-        done = cap.finished_search(store, trial)
-        if done:
-            result = cap.resumed_result(trial, done, store)
-        else:
+        result = cap.stored_capacity(store, trial)
+        if result is None:
             log(f"> {trial.chapter}/{trial.name} ({why}): measuring its capacity")
-            result = cap.measure_capacity(trial, store, runs_dir, str(experiment), planned.machine,
-                                          planned.experiment.gpu, verdict=verdict)
+            result = cap.capacity_of(trial, store, runs_dir, str(experiment), planned.machine,
+                                     planned.experiment.gpu, verdict=verdict, done=cap.finished_launches(store, trial))
         log(f"{result.status:>10} {trial.chapter}/{trial.name}: capacity {result.capacity} {result.axis}")
         results.append(result)
         whys.append(why)
