@@ -199,7 +199,8 @@ def experiment_yaml(args, engine: dict) -> str:
 def workload_fields(args) -> dict:
     return {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
             "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
-            "scrape_interval_s": getattr(args, "scrape_interval", 1.0)}
+            "scrape_interval_s": getattr(args, "scrape_interval", 1.0),
+            "gpu_sample_interval_s": getattr(args, "gpu_sample_interval", 0.5) or None}
 
 
 def qwen3lab_prompts(args) -> list[str]:
@@ -371,6 +372,9 @@ def main() -> None:
     ap.add_argument("--scrape-interval", type=float, default=1.0,
                     help="qwen3lab's /metrics scrape interval (workload.scrape_interval_s; its default 1 s): does "
                          "the scraping perturb the server?")
+    ap.add_argument("--gpu-sample-interval", type=float, default=0.5,
+                    help="qwen3lab's NVML sampling interval (workload.gpu_sample_interval_s; its default 0.5 s; 0: "
+                         "off): do the NVML calls perturb the server?")
     ap.add_argument("--same-prompts", action="store_true", help=(
         "vllm bench serve sends qwen3lab's prompts (its custom dataset) instead of its random dataset's: the same "
         "text, so the server's tokenizer does the same work for both clients"))

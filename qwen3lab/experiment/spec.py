@@ -431,7 +431,7 @@ class Capacity(Strict):
 class Workload(Strict):
     """What the load generator sends, and when."""
 
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"capacity": None, "stall_timeout_s": 120.0}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"capacity": None, "stall_timeout_s": 120.0, "gpu_sample_interval_s": 0.5}
 
     def key_dump(self) -> dict[str, Any]:
         out = super().key_dump()
@@ -467,6 +467,9 @@ class Workload(Strict):
         120.0, gt=0, description="A server that sends no byte to any request in flight for this long is hung: those "
         "requests are failed and the run stops sending (status timeout). Raise it for prompts whose prefill is longer.")
     scrape_interval_s: float = Field(1.0, gt=0, description="How often /metrics is scraped during the load.")
+    gpu_sample_interval_s: float | None = Field(
+        0.5, gt=0, description="How often the server's GPUs are sampled through NVML during the load (null: not "
+        "sampled; the run then stores no GPU telemetry).")
     capacity: Capacity | None = Field(
         None, description="Measure capacity (`qwen3lab capacity`): raise the load on one server until the SLOs fail, "
         "then bisect.")

@@ -307,7 +307,7 @@ def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
         fields["info_json"] = extra["info_json"] = {**fields["info_json"], "emulation": server.info["emulation"]}
     refused: list[str | None] = [_try_store(store.update_run, run_id, **hide(extra))]
     # The server's own GPUs: its env may narrow CUDA_VISIBLE_DEVICES (NVML itself ignores that variable).
-    sampler = NvmlSampler(interval_s=0.5, t0=0.0, log=None,
+    sampler = NvmlSampler(interval_s=trial.workload.gpu_sample_interval_s or 0.5, t0=0.0, log=None,
                           visible_devices=getattr(trial.engine, "env", {}).get("CUDA_VISIBLE_DEVICES"))
     flusher = _Flusher(store, spool, run_id, progress)
     try:
@@ -323,7 +323,10 @@ def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
             requests = wl.build_requests(trial.workload, tokenizer, max_len, template)
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
-            sampler.start()
+            if trial.workload.gpu_sample_interval_s:
+                sampler.start()
+            else:
+                sampler.why_not = "not sampled (workload.gpu_sample_interval_s: null)"
             # /metrics is scraped by a child process, never on the load's loop (see telemetry.MetricsScraper);
             # a stop_when (a capacity point's saturation check) reads its file as it grows, once a second.
             with MetricsScraper(server.base_url, trial.workload.scrape_interval_s, 0.0, server.headers) as scraper:
