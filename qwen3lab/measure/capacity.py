@@ -8,6 +8,8 @@ its own, measured by the runner's `measure` and linked to its search (search_id,
 and its bracket are stored in `capacities`. A point ends early once it has failed for certain, or when vLLM's
 waiting queue shows the server is not keeping up. With `capacity.launches: N` a configuration is searched on N
 fresh launches (a search each); its capacity is their median, its interval spans every launch's bracket.
+Lines: a little over 450, because the load-axis search, a configuration's launches and an experiment's
+capacities are three levels of one concept that read each other's results.
 """
 from __future__ import annotations
 
