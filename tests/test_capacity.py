@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 import yaml
@@ -124,6 +125,10 @@ def test_launches_combine_to_their_median_and_an_interval_spanning_every_bracket
     assert (got.status, got.capacity, got.low, got.high) == ("unbounded", 10, 4, None)
     one = _launch(4, 4, 5)
     assert cap.combine([one]) is one
+    # launches stored earlier (newest first) are enough: nothing is measured, and they combine in measured order
+    trial = types.SimpleNamespace(workload=Workload(capacity=Capacity(launches=2)))
+    got = cap.capacity_of(trial, store=None, done=[_launch(6, 6, 8), _launch(4, 4, 5), _launch(3, 3, 4)])
+    assert [r.search_id for r in got.launches] == ["s4", "s6"] and got.capacity == 5
 
 
 def test_launches_are_not_part_of_a_trials_identity():

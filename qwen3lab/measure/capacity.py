@@ -382,10 +382,11 @@ def capacity_of(trial: Trial, store: Store, runs_dir: str | Path = "runs", exper
                 on_point: Callable[[Point], None] | None = None, progress: Callable[[int], None] | None = None,
                 verdict: preflight.Verdict | None = None, done: list[CapacityResult] = (),
                 on_server: Callable[[engine.Server], None] | None = None) -> CapacityResult:
-    """A configuration's capacity over `capacity.launches` fresh launches: those in `done` (finished earlier)
-    count, the rest are measured. A launch that does not finish (crash, OOM, skip...) is returned as it ended."""
+    """A configuration's capacity over `capacity.launches` fresh launches: those in `done` (finished earlier,
+    newest first, as `finished_launches` gives them) count, the rest are measured. A launch that does not finish
+    (crash, OOM, skip...) is returned as it ended."""
     need = (trial.workload.capacity or Capacity()).launches
-    launches = [r for r in done if r.status in SEARCH_DONE][:need]
+    launches = [r for r in done if r.status in SEARCH_DONE][:need][::-1]  # in the order they were measured
     while len(launches) < need:
         got = measure_capacity(trial, store, runs_dir, experiment_path, machine, gpu_id, on_point=on_point,
                                progress=progress, verdict=verdict, on_server=on_server)
