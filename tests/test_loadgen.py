@@ -11,7 +11,7 @@ from qwen3lab.analysis import metrics
 from qwen3lab.measure import runner, workload as wl
 from qwen3lab.measure.loadgen import run_load
 from qwen3lab.experiment.spec import SLO, RequestClass, Trial
-from qwen3lab.measure.telemetry import MetricsScraper, parse_metrics, scrape_once
+from qwen3lab.measure.telemetry import MetricsFetch, MetricsScraper, parse_metrics, scrape_once
 
 from .conftest import small_workload, tiny_config
 
@@ -109,6 +109,47 @@ def test_parse_metrics_sums_label_sets_and_reads_old_names():
             'vllm:generation_tokens_total 3e2\n')
     assert parse_metrics(text) == {"vllm:num_requests_running": 5.0, "vllm:kv_cache_usage_perc": 0.5,
                                    "vllm:prompt_tokens_total": 12.0, "vllm:generation_tokens_total": 300.0}
+
+
+def test_metrics_fetch_keeps_its_connection_and_reopens_one_the_server_dropped():
+    """One connection for every scrape, as Prometheus does; a connection the server closed while idle (its
+    keep-alive timeout, longer scrape intervals) costs no scrape: the fetch opens a new one once."""
+    import http.server
+    import threading
+
+    seen = {"connections": set(), "drop_next": False}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            seen["connections"].add(self.client_address)
+            body = b'vllm:num_requests_running{model_name="m"} 3.0\n'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            if seen["drop_next"]:  # closed without a word, as an idle timeout does
+                seen["drop_next"], self.close_connection = False, True
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    fetch = MetricsFetch(f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    try:
+        assert [fetch.get() for _ in range(3)] == [{"vllm:num_requests_running": 3.0}] * 3
+        assert len(seen["connections"]) == 1
+        seen["drop_next"] = True
+        assert fetch.get() == {"vllm:num_requests_running": 3.0}
+        time.sleep(0.2)  # the server has closed it
+        assert fetch.get() == {"vllm:num_requests_running": 3.0}  # on a new connection, not a failed scrape
+        assert len(seen["connections"]) == 2
+    finally:
+        fetch.close()
+        server.shutdown()
+        server.server_close()
 
 
 def test_stream_parser_gives_the_same_events_however_the_bytes_are_cut():

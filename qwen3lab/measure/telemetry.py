@@ -6,6 +6,7 @@ read by a thread that spends its time in the driver. Both produce (t, source, na
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -20,38 +21,79 @@ SCRAPED = (
 ALIASES = {"vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc", "vllm:num_preemptions": "vllm:num_preemptions_total"}
 
 
-def parse_metrics(text: str) -> dict[str, float]:
+_SERIES = re.compile(  # a wanted series' line: its name, its labels if any, its value
+    rb"^(" + b"|".join(re.escape(n.encode()) for n in (*SCRAPED, *ALIASES)) + rb")(?:\{[^\n]*\})?[ \t]+(\S+)",
+    re.M)
+
+
+def parse_metrics(text: str | bytes) -> dict[str, float]:
     """The SCRAPED series from a Prometheus exposition, summed over label sets (one engine, one model).
 
-    A plain line scan, not prometheus_client's parser: it runs every `scrape_interval_s` while the load runs,
-    and the histograms' bucket lines (most of vLLM's exposition) are skipped at the cost of a prefix test."""
+    One regular expression over the bytes, not prometheus_client's parser nor a loop over lines: it runs every
+    `scrape_interval_s` while the load runs, and the histograms' bucket lines (most of vLLM's exposition) are
+    passed over in C. Labels run to the line's last `}` (a label value may hold one)."""
+    data = text.encode() if isinstance(text, str) else text
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue  # comments, other exporters' series
-        cut = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        name = ALIASES.get(line[:cut], line[:cut])
-        if cut < 0 or name not in SCRAPED:
-            continue
-        rest = line[line.rindex("}") + 1:] if line[cut] == "{" else line[cut:]
+    for raw_name, raw_value in _SERIES.findall(data):
         try:
-            value = float(rest.split()[0])
-        except (IndexError, ValueError):
+            value = float(raw_value)
+        except ValueError:
             continue  # a malformed line: skipped, like a failed scrape
+        name = raw_name.decode()
+        name = ALIASES.get(name, name)
         out[name] = out.get(name, 0.0) + value
     return out
 
 
+class MetricsFetch:
+    """GETs one /metrics URL again and again on one kept-alive connection (http.client), as Prometheus does:
+    no connection, no urllib request objects per scrape. A connection the server closed meanwhile (an idle
+    timeout longer scrape intervals meet) is opened again once."""
+
+    def __init__(self, url: str, headers: dict | None = None, timeout_s: float = 5.0):
+        import http.client
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(url)
+        self._new = lambda: (http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection)(
+            parts.hostname, parts.port, timeout=timeout_s)
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.headers = headers or {}
+        self._conn = None
+
+    def get(self) -> dict[str, float] | None:
+        """The parsed series; None when the server did not answer 200."""
+        import http.client
+
+        for fresh in (self._conn is None, True):
+            try:
+                if self._conn is None:
+                    self._conn = self._new()
+                self._conn.request("GET", self.path, headers=self.headers)
+                resp = self._conn.getresponse()
+                body = resp.read()
+                if resp.will_close:
+                    self.close()
+                return parse_metrics(body) if resp.status == 200 else None
+            except (OSError, http.client.HTTPException, ValueError):
+                self.close()
+                if fresh:
+                    return None  # a new connection failed too: the server is not answering
+        return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
 def scrape_once(url: str, headers: dict | None = None, timeout_s: float = 5.0) -> dict[str, float] | None:
     """One GET of a /metrics URL, parsed; None when the server did not answer 200."""
-    import urllib.error
-    import urllib.request
-
+    fetch = MetricsFetch(url, headers, timeout_s)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as resp:
-            return parse_metrics(resp.read().decode(errors="replace")) if resp.status == 200 else None
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
+        return fetch.get()
+    finally:
+        fetch.close()
 
 
 class MetricsScraper:
@@ -145,14 +187,14 @@ def _scrape_loop(url: str, interval_s: float, out_path: str) -> None:
     import select
     import sys
 
-    headers = json.loads(sys.stdin.readline() or "{}")
+    fetch = MetricsFetch(url, json.loads(sys.stdin.readline() or "{}"))
     # Its CPU from the first scrape on: the interpreter's start comes before the load, as vllm bench's imports
     # and dataset do, which its client CPU leaves out too
     cpu0 = time.process_time()
     last = False
     with open(out_path, "a") as out:
         while True:
-            got, t = scrape_once(url, headers), time.perf_counter()
+            got, t = fetch.get(), time.perf_counter()
             out.write("".join(f"{t}\t{n}\t{v}\n" for n, v in got.items()) if got is not None else f"{t}\t!error\t0\n")
             out.flush()
             if last:  # its own CPU, counted as the client's (what measuring cost this machine)
