@@ -143,8 +143,10 @@ REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", 
 
 
 # A `running` row's owner on this host is alive while its pid runs with the same start time; an owner on
-# another host (a shared file system) is judged by its heartbeat, written every HEARTBEAT_S.
-HEARTBEAT_S = 10.0
+# another host (a shared file system) is judged by its heartbeat, written every HEARTBEAT_S: a DuckDB write
+# (a connection opened and closed, a checkpoint) while the load runs costs the client ~10-30 ms of CPU, so
+# no more often than four times inside STALE_AFTER_S.
+HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
 
 
