@@ -123,14 +123,21 @@ def print_dry_run(planned, console) -> None:
                       "nothing until they are fixed.")
 
 
+def progress_bar(console) -> Progress:
+    """The bar every long command shows. Redrawn once a second (rich's default is 10), and only where someone
+    sees it (a terminal, a notebook): the redraw thread shares the GIL and the CPU with the load it reports on,
+    and into a pipe or a file it draws nothing until the end anyway."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False, refresh_per_second=1,
+                    auto_refresh=console.is_terminal or console.is_jupyter)
+
+
 class TrialProgress(Listener):
     """executor.execute shown as a progress bar: one bar for the experiment, one for the trial's requests."""
 
     def __init__(self, console):
         self.console = console
-        # Redrawn once a second (rich's default is 10): the redraw shares the GIL and the CPU with the load.
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=False, refresh_per_second=1)
+        self.bar = progress_bar(console)
         super().__init__(log=self.bar.console.print)
         self.overall = self.round = None
         self.total = 0
@@ -206,8 +213,7 @@ class SweepProgress(SweepListener):
 
     def __init__(self, console):
         self.console = console
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=False)
+        self.bar = progress_bar(console)
         self.name, self.overall = "", None
 
     def __enter__(self):
@@ -274,8 +280,7 @@ class _Bar:
     """A rich progress bar as a context manager, for the listeners below."""
 
     def __init__(self, console):
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=False)
+        self.bar = progress_bar(console)
         self.overall = self.task = None
 
     def __enter__(self):
