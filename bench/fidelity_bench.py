@@ -2,8 +2,8 @@
 
 Endpoint path: one vLLM server started by hand (its module, vLLM's defaults, log to a file), then rounds that
 alternate `qwen3lab run` of a `kind: endpoint` experiment (the real CLI, a subprocess, a fresh DuckDB each
-round) with `vllm bench serve` (its module through bench/vllm_bench_serve.py; random dataset, the same lengths,
-`--ignore-eos`, the same warm-ups), so that drift of the machine hits both; both clients run on the cores the
+round) with `vllm bench serve` (its module through bench/vllm_bench_serve.py; qwen3lab's own prompts as its custom
+dataset, or its random dataset with --no-same-prompts; the same lengths, `--ignore-eos`, the same warm-ups), so that drift of the machine hits both; both clients run on the cores the
 server's pin leaves (`--client-cpus`), so neither takes CPU from the server it measures; the server's own mean TTFT and TPOT
 over each round referee when the clients disagree. The launch path (`--launch-rounds`): rounds that alternate
 `qwen3lab run` of the experiment with `kind: vllm` (qwen3lab starts the server) and the same run against a
@@ -14,7 +14,7 @@ at most half of vLLM's), and writes JSON under bench/results/ with the machine's
     PYTHONPATH=$PWD .venv/bin/python bench/fidelity_bench.py [--rounds 5] [--launch-rounds 1]
         [--requests 200] [--concurrency 16] [--tokens 128] [--output-tokens N] [--warmup 8]
         [--model builtin:qwen3-tiny | FOLDER] [--max-model-len 2048] [--gpu h200]
-        [--same-prompts] [--scrape-interval S] [--no-prefix-caching]
+        [--no-same-prompts] [--scrape-interval S] [--gpu-sample-interval S] [--nvml-ab] [--no-prefix-caching]
 
 On a GPU host (tools/h200_device.sh benches): `--model` a local model folder (dummy weights), `--gpu` the
 catalogue id written into the experiment.
@@ -167,7 +167,7 @@ def vllm_bench(url: str, args, work: Path, tag: str) -> dict:
     argv = [sys.executable, str(REPO / "bench" / "vllm_bench_serve.py"), "--backend", "vllm", "--base-url", url,
             "--model", model, "--tokenizer", model,
             *(["--dataset-name", "custom", "--dataset-path", str(args.same_prompts_file), "--skip-chat-template",
-               "--custom-output-len", str(args.output_tokens)] if getattr(args, "same_prompts", False) else
+               "--custom-output-len", str(args.output_tokens)] if args.same_prompts else
               ["--dataset-name", "random", "--random-input-len", str(args.tokens), "--random-output-len",
                str(args.output_tokens), "--random-range-ratio", "0"]),
             "--num-prompts", str(args.requests), "--max-concurrency",
@@ -199,8 +199,8 @@ def experiment_yaml(args, engine: dict) -> str:
 def workload_fields(args) -> dict:
     return {"num_requests": args.requests, "warmup_requests": args.warmup, "concurrency": args.concurrency,
             "seed": 0, "mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
-            "scrape_interval_s": getattr(args, "scrape_interval", 1.0),
-            "gpu_sample_interval_s": getattr(args, "gpu_sample_interval", 0.5) or None}
+            "scrape_interval_s": args.scrape_interval,
+            "gpu_sample_interval_s": args.gpu_sample_interval or None}
 
 
 def qwen3lab_prompts(args) -> list[str]:
@@ -283,18 +283,25 @@ def launched_engine() -> dict:
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
 
 
+NO_NVML = "qwen3lab run, NVML off"  # --nvml-ab
+
+
 def endpoint_rounds(args, work: Path, console) -> dict:
-    rows = {t: [] for t in TOOLS}
+    tools = TOOLS + ((NO_NVML,) if args.nvml_ab else ())
+    rows = {t: [] for t in tools}
+    no_nvml = argparse.Namespace(**{**vars(args), "gpu_sample_interval": 0})
     with HandServer(work / "server.log") as server:
         # unrecorded: a GPU server's first loads of a shape are its own warm-up (on the H200 the first round's
         # TTFT was 750 ms for both clients, the next ones' ~100 ms), so --prime-requests of them come first
         vllm_bench(server.url, argparse.Namespace(**{**vars(args), "requests": args.prime_requests, "warmup": 0}),
                    work, "prime")
         for r in range(args.rounds):
-            for tool in TOOLS:
+            # qwen3lab's settings (--nvml-ab) swap places every round, so that the server's drift hits both
+            for tool in tools if r % 2 == 0 else tools[:1] + tools[:0:-1]:
                 got = with_server_view(server.url, lambda: (
                     vllm_bench(server.url, args, work, f"vllm-{r}") if tool == TOOLS[0] else
-                    qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}")))
+                    qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}") if tool == TOOLS[1] else
+                    qwen3lab_run(endpoint_engine(server), no_nvml, work, f"q-off-{r}")))
                 rows[tool].append(got | {"loadavg_1m": os.getloadavg()[0]})
                 console.print(f"endpoint round {r + 1} {tool}: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS)
                               + (f", client loop lag p99/max {got['loop_lag_p99_ms']:.1f}/{got['loop_lag_max_ms']:.1f} ms"
@@ -363,10 +370,8 @@ def machine_load() -> dict:
     return {"loadavg": os.getloadavg(), "cpus": os.cpu_count(), "cpu": cpu_topology()}
 
 
-def main() -> None:
-    global CLIENT_CPUS, MODEL, MAX_MODEL_LEN, PREFIX_CACHING
-    from rich.console import Console
-
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The bench's arguments (tests/test_fidelity.py builds its load from them too: one set of defaults)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="alternating endpoint rounds (0: none)")
     ap.add_argument("--scrape-interval", type=float, default=1.0,
@@ -375,9 +380,13 @@ def main() -> None:
     ap.add_argument("--gpu-sample-interval", type=float, default=0.5,
                     help="qwen3lab's NVML sampling interval (workload.gpu_sample_interval_s; its default 0.5 s; 0: "
                          "off): do the NVML calls perturb the server?")
-    ap.add_argument("--same-prompts", action="store_true", help=(
-        "vllm bench serve sends qwen3lab's prompts (its custom dataset) instead of its random dataset's: the same "
-        "text, so the server's tokenizer does the same work for both clients"))
+    ap.add_argument("--same-prompts", action=argparse.BooleanOptionalAction, default=True, help=(
+        "vllm bench serve sends qwen3lab's prompts (its custom dataset), so that the server's tokenizer does the "
+        "same work for both clients and only the clients differ; --no-same-prompts: its random dataset's, whose "
+        "text costs the server's tokenizer less than half as much per token (the bench prints both)"))
+    ap.add_argument("--nvml-ab", action="store_true", help=(
+        "each endpoint round also runs qwen3lab with NVML sampling off (gpu_sample_interval_s null), in "
+        "alternating order: whether NVML's calls cost the server, measured on one launch"))
     ap.add_argument("--launch-rounds", type=int, default=1, help="alternating launch-path rounds, a fresh server each")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=16)
@@ -397,8 +406,16 @@ def main() -> None:
         "~600k tokens, 345k a round) vllm bench's round after a same-seed prime ran at TTFT 106 ms, the others "
         "at ~760 ms. Off, every round is the same work and only the client differs"))
     ap.add_argument("--out", default=str(REPO / "bench/results/fidelity_bench.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.output_tokens = args.output_tokens or args.tokens
+    return args
+
+
+def main() -> None:
+    global CLIENT_CPUS, MODEL, MAX_MODEL_LEN, PREFIX_CACHING
+    from rich.console import Console
+
+    args = parse_args()
     MODEL, MAX_MODEL_LEN, PREFIX_CACHING = args.model, args.max_model_len, not args.no_prefix_caching
     CLIENT_CPUS = (default_client_cpus() if args.client_cpus == "auto" else None if args.client_cpus == "none"
                    else {int(c) for c in args.client_cpus.split(",")})
@@ -416,8 +433,12 @@ def main() -> None:
             args.same_prompts_file = str(write_qwen3lab_prompts(ours, args.output_tokens, Path(tmp) / "prompts.jsonl"))
         what = f"{args.requests} requests x {args.tokens} in / {args.output_tokens} out, concurrency {args.concurrency}"
         if args.rounds:
-            result["endpoint"] = compare(endpoint_rounds(args, Path(tmp), console),
-                                         f"endpoint: one server by hand, {what}", console)
+            rows = endpoint_rounds(args, Path(tmp), console)
+            result["endpoint"] = compare({t: rows[t] for t in TOOLS}, f"endpoint: one server by hand, {what}", console)
+            if args.nvml_ab:  # the same client, NVML's sampling the only difference (ratios: off / on)
+                result["nvml_ab"] = compare({t: rows[t] for t in (TOOLS[1], NO_NVML)},
+                                            f"NVML sampling every {args.gpu_sample_interval:g} s and off, one launch, "
+                                            f"{what}", console, cpu_half=False)
         if args.launch_rounds:
             result["launch"] = compare(launch_rounds(args, Path(tmp), console),
                                        f"launch path: a fresh server per run, {what}", console, cpu_half=False)
