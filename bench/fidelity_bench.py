@@ -286,7 +286,8 @@ def launched_engine() -> dict:
 NO_NVML = "qwen3lab run, NVML off"  # --nvml-ab
 
 
-def endpoint_rounds(args, work: Path, console) -> dict:
+def endpoint_rounds(args, work: Path, console, save=lambda rows: None) -> dict:
+    """Alternating rounds on one server; `save(rows)` after each, so that a run cut short keeps what it measured."""
     tools = TOOLS + ((NO_NVML,) if args.nvml_ab else ())
     rows = {t: [] for t in tools}
     no_nvml = argparse.Namespace(**{**vars(args), "gpu_sample_interval": 0})
@@ -298,14 +299,17 @@ def endpoint_rounds(args, work: Path, console) -> dict:
         for r in range(args.rounds):
             # qwen3lab's settings (--nvml-ab) swap places every round, so that the server's drift hits both
             for tool in tools if r % 2 == 0 else tools[:1] + tools[:0:-1]:
+                started = time.monotonic()
                 got = with_server_view(server.url, lambda: (
                     vllm_bench(server.url, args, work, f"vllm-{r}") if tool == TOOLS[0] else
                     qwen3lab_run(endpoint_engine(server), args, work, f"q-{r}") if tool == TOOLS[1] else
                     qwen3lab_run(endpoint_engine(server), no_nvml, work, f"q-off-{r}")))
-                rows[tool].append(got | {"loadavg_1m": os.getloadavg()[0]})
+                rows[tool].append(got | {"loadavg_1m": os.getloadavg()[0], "round_s": time.monotonic() - started})
+                save(rows)
                 console.print(f"endpoint round {r + 1} {tool}: " + ", ".join(f"{k}={got[k]:.3f}" for k in FIELDS)
                               + (f", client loop lag p99/max {got['loop_lag_p99_ms']:.1f}/{got['loop_lag_max_ms']:.1f} ms"
-                                 if got.get("loop_lag_p99_ms") is not None else ""))
+                                 if got.get("loop_lag_p99_ms") is not None else "")
+                              + f" ({rows[tool][-1]['round_s']:.0f} s)")
     return rows
 
 
@@ -421,7 +425,7 @@ def main() -> None:
                    else {int(c) for c in args.client_cpus.split(",")})
     console = Console(width=250)
     console.print(f"endpoint rounds' clients on CPUs {sorted(CLIENT_CPUS) if CLIENT_CPUS else 'any'}")
-    load_before = machine_load()
+    load_before, out = machine_load(), Path(args.out)
     result = {"args": vars(args), "client_cpus": sorted(CLIENT_CPUS or []), "load_before": load_before}
     ours = qwen3lab_prompts(args)  # built once: timed for the tokenizer, and sent by vllm bench with --same-prompts
     result["tokenize"] = tokenize_cost(args, ours)
@@ -433,7 +437,8 @@ def main() -> None:
             args.same_prompts_file = str(write_qwen3lab_prompts(ours, args.output_tokens, Path(tmp) / "prompts.jsonl"))
         what = f"{args.requests} requests x {args.tokens} in / {args.output_tokens} out, concurrency {args.concurrency}"
         if args.rounds:
-            rows = endpoint_rounds(args, Path(tmp), console)
+            rows = endpoint_rounds(args, Path(tmp), console, save=lambda rows: write(out, result | {
+                "endpoint_rounds_so_far": rows}))
             result["endpoint"] = compare({t: rows[t] for t in TOOLS}, f"endpoint: one server by hand, {what}", console)
             if args.nvml_ab:  # the same client, NVML's sampling the only difference (ratios: off / on)
                 result["nvml_ab"] = compare({t: rows[t] for t in (TOOLS[1], NO_NVML)},
@@ -445,10 +450,13 @@ def main() -> None:
     result["load_after"] = machine_load()
     console.print(f"target: every figure within 5% of vLLM's tool, client CPU at most half; machine load "
                   f"(1/5/15 min) before {load_before['loadavg']}, after {result['load_after']['loadavg']}")
-    out = Path(args.out)
+    write(out, result)
+    console.print(f"wrote {out}")
+
+
+def write(out: Path, result: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    console.print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@
 #   STAGE fidelity TIMEOUT_S [ARGS...]       bench/fidelity_bench.py against the 14B (dummy BF16, 1024 in / 128 out,
 #                                            300 requests at 32, a full-size unrecorded round first, 4 rounds,
 #                                            the prefix cache off: each round the same work); ARGS go on to
-#                                            it, e.g. `--rounds 3 --same-prompts`, `--scrape-interval 30`, `--gpu-sample-interval 0`
+#                                            it, e.g. `--rounds 3 --nvml-ab`, `--no-same-prompts`, `--scrape-interval 30`, `--gpu-sample-interval 0`
 #   STAGE benches TIMEOUT_S                  both, the router's first: an idle 16-core host
 # Every stage after the first starts from the committed DuckDB (the first time) and returns it under $OUT.
 set -u
