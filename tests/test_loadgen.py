@@ -11,7 +11,7 @@ from qwen3lab.analysis import metrics
 from qwen3lab.measure import runner, workload as wl
 from qwen3lab.measure.loadgen import run_load
 from qwen3lab.experiment.spec import SLO, RequestClass, Trial
-from qwen3lab.measure.telemetry import MetricsFetch, MetricsScraper, parse_metrics, scrape_once
+from qwen3lab.measure.telemetry import MetricsFetch, MetricsScraper, parse_metrics
 
 from .conftest import small_workload, tiny_config
 
@@ -94,7 +94,11 @@ def test_scraper_reads_vllm_metrics(tiny_server, tok):
     assert gen[-1] - gen[0] == 4 * 16 and prompt[-1] - prompt[0] == 4 * 8  # the final scrape saw the last request
     assert all(0 <= v <= 1 for v in series["vllm:kv_cache_usage_perc"])
     assert {"vllm:num_requests_running", "vllm:prefix_cache_queries_total"} <= set(series)
-    assert scrape_once(tiny_server.base_url + "/no-such-page") is None
+    missing = MetricsFetch(tiny_server.base_url + "/no-such-page")
+    try:
+        assert missing.get() is None
+    finally:
+        missing.close()
 
 
 def test_parse_metrics_sums_label_sets_and_reads_old_names():

@@ -87,15 +87,6 @@ class MetricsFetch:
             self._conn = None
 
 
-def scrape_once(url: str, headers: dict | None = None, timeout_s: float = 5.0) -> dict[str, float] | None:
-    """One GET of a /metrics URL, parsed; None when the server did not answer 200."""
-    fetch = MetricsFetch(url, headers, timeout_s)
-    try:
-        return fetch.get()
-    finally:
-        fetch.close()
-
-
 class MetricsScraper:
     """Scrapes base_url/metrics every `interval_s` from a child process, never from the load's event loop.
 
