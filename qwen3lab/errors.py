@@ -1,7 +1,20 @@
 """One root exception; every message names the bad value, what is allowed, and the fix."""
 from __future__ import annotations
 
+import reprlib
 from typing import Any
+
+# An error quotes the value it refuses, cut short: a 10^8-item value once printed 5.8 MB into a terminal.
+QUOTE_CHARS = 300
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxlist, _QUOTE.maxtuple, _QUOTE.maxset, _QUOTE.maxdict = 4, 20, 20, 20, 20
+_QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS  # reprlib bounds the work, however big the value
+
+
+def quote(value: Any) -> str:
+    """repr(value) for a message, at most about QUOTE_CHARS characters ('...' marks a cut)."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}... (cut)"
 
 
 class Qwen3LabError(Exception):
@@ -14,7 +27,7 @@ class SpecError(Qwen3LabError, ValueError):
     def __init__(self, field: str, value: Any, allowed: str, fix: str, where: str | None = None):
         self.field, self.value, self.allowed, self.fix, self.where = field, value, allowed, fix, where
         prefix = f"{where}: " if where else ""
-        super().__init__(f"{prefix}{field} = {value!r} is not valid. Allowed: {allowed}. Fix: {fix}")
+        super().__init__(f"{prefix}{field} = {quote(value)} is not valid. Allowed: {allowed}. Fix: {fix}")
 
 
 class SpecErrors(Qwen3LabError, ValueError):

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen3lab.analysis import export
-from qwen3lab.errors import SpecError, SpecErrors
+from qwen3lab.errors import QUOTE_CHARS, SpecError, SpecErrors
 from qwen3lab.experiment import files
 from qwen3lab.experiment.spec import EngineConfig
 from qwen3lab.measure import executor
@@ -99,6 +99,42 @@ def test_notebook_parameter_of_the_wrong_type(tmp_path):
     assert "-p num_requests = 'lots' is not valid" in text and "a whole number >= 1" in text
     assert "-p num_requests=10" in text
     assert not db.exists() and not (tmp_path / "runs").exists()
+
+
+def test_alias_bomb_is_refused_before_it_expands_and_quoted_short(tmp_path):
+    out = qwen3lab("run", str(BAD / "alias_bomb.yaml"), "--dry-run", timeout=60)  # it once ran past a minute
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = " ".join(out.stderr.split())
+    assert "alias_bomb.yaml:10:4" in text and f"at most {files.MAX_VALUES:,} values" in text
+    assert len(out.stdout + out.stderr) < 2000  # it once printed 5.8 MB of the expanded value
+    (e,) = refused("alias_bomb.yaml", tmp_path)
+    assert e.field == "yaml" and "111,111" in e.fix  # line 10's value: 1 + 10 x 11,111
+
+
+def test_an_alias_inside_what_it_names_and_deep_nesting_are_refused(tmp_path):
+    (path := tmp_path / "loop.yaml").write_text("name: loop\nengine: &a {model: *a}\n")
+    with pytest.raises(SpecError, match="alias inside the value it names") as got:
+        files.load(path)
+    assert got.value.where.endswith("loop.yaml:2:9")
+    (path := tmp_path / "deep.yaml").write_text("name: deep\nengine: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(SpecError, match="nested at most a few hundred levels"):
+        files.load(path)
+
+
+def test_a_file_past_the_size_limit_is_refused_unread(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text("name: huge\n# " + "x" * files.MAX_FILE_BYTES + "\n")
+    with pytest.raises(SpecError) as got:
+        files.load(path)
+    assert got.value.field == "experiment" and f"at most {files.MAX_FILE_BYTES:,} bytes" in got.value.allowed
+
+
+def test_errors_quote_a_huge_value_cut_short_and_keep_it_whole():
+    value = ["x" * 50] * 10**6
+    e = SpecError("workload.mix", value, "a named mix", "write one of them")
+    assert e.value is value  # the value itself is kept for callers; only the message is cut
+    assert len(str(e)) < 2 * QUOTE_CHARS and "..." in str(e)
+    assert str(SpecError("engine.max_num_seqs", 8, "1 or more", "raise it")).startswith("engine.max_num_seqs = 8 ")
 
 
 # --- exports of hostile strings --------------------------------------------------------------------------

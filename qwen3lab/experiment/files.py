@@ -216,9 +216,50 @@ def _refuse_duplicate_keys(node: yaml.Node, path: tuple = ()) -> None:
         _refuse_duplicate_keys(value_node, (*path, key))
 
 
+# Experiment files are written by hand: the largest shipped one is 13 KB and about 2,000 values. The limits stop
+# a file whose aliases (`*name`) expand a few lines into 10^8 values from holding the CPU for minutes.
+MAX_FILE_BYTES = 1 << 20
+MAX_VALUES = 100_000
+
+
+def _refuse_alias_bombs(root: yaml.Node) -> None:
+    """Count the values the document holds once its aliases are expanded, without expanding them: each node's
+    count is kept, so an alias costs one look-up. Refuses past MAX_VALUES, and an alias inside what it names."""
+    counts: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def count(node: yaml.Node) -> int:
+        if id(node) in counts:
+            return counts[id(node)]
+        mark = node.start_mark
+        where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}"
+        if id(node) in open_nodes:
+            raise SpecError("yaml", f"an alias inside the value it names (line {mark.line + 1})",
+                            "aliases (*name) of values defined before them, not containing them",
+                            "write the value out instead of referring to itself", where)
+        open_nodes.add(id(node))
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        total = 1 + sum(count(child) for child in children)
+        if total > MAX_VALUES:
+            raise SpecError("yaml", f"more than {MAX_VALUES:,} values once its aliases (*name) are expanded",
+                            f"at most {MAX_VALUES:,} values after alias expansion",
+                            f"write fewer nested aliases: the value starting at line {mark.line + 1} "
+                            f"expands to {total:,}", where)
+        open_nodes.discard(id(node))
+        counts[id(node)] = total
+        return total
+
+    count(root)
+
+
 def read_yaml(path: str | Path) -> Any:
     """A YAML file, or a SpecError at the file, line and column of the first syntax error or duplicate key."""
     path = Path(path)
+    if (size := path.stat().st_size) > MAX_FILE_BYTES:
+        raise SpecError("experiment", f"{path} ({size:,} bytes)", f"at most {MAX_FILE_BYTES:,} bytes",
+                        "an experiment file is a few KB of YAML written by hand: check that this is the file "
+                        "you meant (experiments/ holds examples)", str(path))
     try:
         loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
@@ -229,6 +270,7 @@ def read_yaml(path: str | Path) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
+        _refuse_alias_bombs(node)  # first: the duplicate-key walk below expands aliases
         _refuse_duplicate_keys(node)
         return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
@@ -243,6 +285,9 @@ def read_yaml(path: str | Path) -> Any:
                         f"{mark.column + 1 if mark else '?'}: {exc.problem}{since}", where) from None
     except yaml.YAMLError as exc:
         raise SpecError("yaml", str(path), "valid YAML", f"fix the syntax: {exc}", str(path)) from None
+    except RecursionError:  # PyYAML composes nested values by recursion
+        raise SpecError("yaml", str(path), "values nested at most a few hundred levels deep",
+                        "flatten the nesting: an experiment file needs a handful of levels", str(path)) from None
     finally:
         loader.dispose()
 
