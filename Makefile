@@ -10,7 +10,7 @@ BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 # The GPU suite (CI never runs it): one short real run per GPU path. GPU_PY may be a GPU host's own python.
 GPU_PY ?= $(BIN)/python
 
-.PHONY: install demo test test-gpu bench bench-dashboard dashboard sweep notebooks lab clean
+.PHONY: install demo lint docs test test-fast test-gpu bench bench-dashboard dashboard sweep notebooks lab clean
 
 install: $(VENV)/.installed
 
@@ -38,7 +38,11 @@ demo: install
 
 # The browser tests drive Debian's Chromium through Playwright (no browser download): installed here as .ci/run
 # does; where apt-get cannot run (not root, not Debian) they are skipped, and this says so.
-test: install
+# ruff: pyflakes, pycodestyle and McCabe complexity (settings and why in pyproject.toml). Seconds; first in `make test`.
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint
 	-@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		>/dev/null 2>&1 || echo "Chromium not installed (apt-get install chromium): the dashboard browser tests will be skipped"
 	$(BIN)/python -m pytest

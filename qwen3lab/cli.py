@@ -281,7 +281,6 @@ def winner(
     include_unreliable: bool = typer.Option(False, "--include-unreliable", help="Let runs marked unreliable win."),
 ):
     """The winner under SLOs, re-scored from stored requests: margin over the runner-up and the baseline, verdict."""
-    from qwen3lab import terminal
     from qwen3lab.analysis import compare, wording
     from qwen3lab.store import Store
 

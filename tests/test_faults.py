@@ -21,7 +21,6 @@ import psutil
 import pytest
 
 from qwen3lab.measure import engine
-from qwen3lab.spool import Spool
 from qwen3lab.store import Store
 
 from .conftest import REPO, TINY, spooled_requests

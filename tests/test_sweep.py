@@ -35,7 +35,7 @@ def cli(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
 
 def table_rows(text: str) -> dict[tuple[str, str], str]:
     """(chapter, trial) -> verdict, from the first line of each row of the dry-run table."""
-    rows, last_chapter = {}, None
+    rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("│")]
         if len(cells) < 6 or not cells[2] or cells[3] not in ("ok", "skip", "error", "rejected"):

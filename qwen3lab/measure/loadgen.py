@@ -314,6 +314,24 @@ class _Connections:
         self.idle.clear()
 
 
+def _judge(rec: RequestRecord, conn: _StreamProtocol, exc: BaseException | None, ended: bool) -> None:
+    """A finished response's status, route, error (the first that applies) and TTFT/E2EL into its record."""
+    chunks = rec.chunk_times
+    rec.status, rec.route = conn.status, conn.route
+    if conn.status is None:
+        rec.error = f"connection closed before a response ({exc or 'no error'})"
+    elif conn.status != 200:
+        rec.error = f"HTTP {conn.status}: {conn.body[:500].decode(errors='replace')}"
+    elif exc is not None and rec.error is None:
+        rec.error = f"{type(exc).__name__}: {exc}"[:500]
+    elif not ended and rec.error is None:
+        rec.error = f"stream cut before [DONE] after {len(chunks)} chunks (connection closed)"
+    if chunks:
+        rec.ttft, rec.e2el = chunks[0], chunks[-1]
+    elif rec.error is None:
+        rec.error = "stream ended without a token chunk"
+
+
 async def _one(conns: _Connections, head: bytes, body: bytes, rec: RequestRecord, t0: float,
                timeout_s: float) -> None:
     """Send one request and time its stream, with vllm bench serve's rules (see the module docstring)."""
@@ -349,19 +367,7 @@ async def _one(conns: _Connections, head: bytes, body: bytes, rec: RequestRecord
             if not (reused and conn.closed and not conn.head):
                 break
             # an idle connection the server closed as this request went out: once more, on a new connection
-        rec.status, rec.route = conn.status, conn.route
-        if conn.status is None:
-            rec.error = f"connection closed before a response ({exc or 'no error'})"
-        elif conn.status != 200:
-            rec.error = f"HTTP {conn.status}: {conn.body[:500].decode(errors='replace')}"
-        elif exc is not None and rec.error is None:
-            rec.error = f"{type(exc).__name__}: {exc}"[:500]
-        elif not ended and rec.error is None:
-            rec.error = f"stream cut before [DONE] after {len(chunks)} chunks (connection closed)"
-        if chunks:
-            rec.ttft, rec.e2el = chunks[0], chunks[-1]
-        elif rec.error is None:
-            rec.error = "stream ended without a token chunk"
+        _judge(rec, conn, exc, bool(ended))
     except asyncio.CancelledError:
         rec.error = rec.error or "cancelled"
         raise
