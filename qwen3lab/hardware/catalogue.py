@@ -130,12 +130,6 @@ def save_profile(profile: dict, path: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def load_profile(gpu_id: str, path: str | os.PathLike | None = None) -> dict | None:
-    """A measured profile for this GPU (copy bandwidth, matrix rate), or None when none was measured here."""
-    path = Path(path) if path else profiles_dir() / f"{get_gpu(gpu_id).id}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 # --- the local machine ------------------------------------------------------------------------------------
 
 def _read(path: Path) -> str | None:
