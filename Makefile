@@ -47,6 +47,17 @@ test: install lint
 		>/dev/null 2>&1 || echo "Chromium not installed (apt-get install chromium): the dashboard browser tests will be skipped"
 	$(BIN)/python -m pytest
 
+# The tests that start no vLLM server (the `server` marker is set in tests/conftest.py): the inner loop, under
+# 3 minutes. The browser tests start Streamlit and Chromium, which is most of a minute: they stay in `make test`.
+test-fast: install
+	$(BIN)/python -m pytest -m "not server and not browser and not gpu"
+
+# The documentation site (mkdocs-material, mkdocs.yml) into site/; --strict fails on a broken link or a page left
+# out of the nav. tests/test_docs.py builds it too, and checks docs/cli.md against `--help`
+# (`$(BIN)/python tools/cli_reference.py` rewrites it).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 test-gpu:
 	$(GPU_PY) -m pytest -m gpu -v tests/test_gpu_paths.py tests/test_hardware.py
 

@@ -68,3 +68,65 @@ def vllm_processes() -> list:
         except psutil.Error:
             pass
     return out
+
+
+# --- `make test-fast`: the tests that start no vLLM server -------------------------------------------------
+# A test is marked `server` by a fixture it takes (directly or through another fixture) or by its name below;
+# `make test-fast` runs `-m "not server"`. There a watcher fails any unmarked test that starts vLLM, so this
+# list cannot silently go stale: add the test's name here, or take one of the fixtures.
+SERVER_FIXTURES = {"tiny_server", "searched", "soaked", "cluster", "backend", "executed"}
+SERVER_TESTS = {
+    "test_cli.py::test_run_end_to_end_then_resume",
+    "test_engine.py::test_unknown_flag_fails_with_the_reason_from_the_log",
+    "test_engine.py::test_kv_cache_too_small_is_out_of_memory",
+    "test_engine.py::test_health_timeout_tears_down",
+    "test_engine.py::test_server_killed_mid_run_is_stored_as_crashed",
+    "test_engine.py::test_stop_leaves_no_process_or_port",
+    "test_engine.py::test_launcher_killed_with_its_children_leaves_no_engine_core",
+    "test_export.py::test_pasted_shell_command_starts_the_same_server",
+    "test_faults.py::test_qwen3lab_sigkilled_then_resumed",
+    "test_faults.py::test_port_taken_fails_with_the_reason_and_leaves_nothing",
+    "test_fidelity.py::test_flusher_keeps_storage_and_progress_off_the_loop",
+    "test_planner.py::test_a_real_cpu_run_stores_the_planner_capacity_beside_vllms",
+    "test_search.py::test_two_objectives_run_nsga2_and_report_exactly_the_non_dominated_points",
+    "test_search.py::test_sigterm_mid_search_then_resume_reruns_nothing_finished",
+    "test_search.py::test_capacity_page_shows_a_search_history_best_so_far_importance_and_front",
+    "test_secrets.py::test_secrets_are_redacted_everywhere_they_could_land",
+    "test_secrets.py::test_a_secret_on_one_route_of_a_split_topology_is_redacted_in_its_row_and_every_log",
+    "test_secrets.py::test_hostile_experiment_and_trial_names_are_only_data",
+    "test_sweep.py::test_killed_sweep_resumes_without_duplicates_and_leaves_nothing_behind",
+    "test_topology.py::test_split_trial_stores_each_requests_route",
+    "test_topology.py::test_a_server_that_fails_to_start_takes_the_others_down",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or name in SERVER_TESTS:
+            item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture(autouse=True)
+def _no_server_unless_marked(request):
+    """Under -m "not server": fail a test that starts vLLM anyway, naming where to mark it."""
+    if "not server" not in (request.config.getoption("markexpr") or "") or request.node.get_closest_marker("server"):
+        yield
+        return
+    import threading
+
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch():  # a vLLM server takes seconds to start: a look every 0.5 s cannot miss one
+        while not done.wait(0.5) and not seen:
+            seen.extend(" ".join(p.cmdline())[:200] for p in vllm_processes()[:1])
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    yield
+    done.set()
+    thread.join()
+    if seen:
+        pytest.fail(f"{request.node.nodeid} started vLLM ({seen[0]}) but is not marked `server`: add it to "
+                    "SERVER_TESTS in tests/conftest.py, or take a server fixture", pytrace=False)
