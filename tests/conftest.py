@@ -118,9 +118,16 @@ def _no_server_unless_marked(request):
     seen: list[str] = []
     done = threading.Event()
 
+    def is_server(p) -> bool:
+        """A process named like vLLM that loaded torch: a server, not a script that prints vLLM's argv."""
+        try:
+            return "/torch/" in Path(f"/proc/{p.pid}/maps").read_text()
+        except OSError:
+            return False
+
     def watch():  # a vLLM server takes seconds to start: a look every 0.5 s cannot miss one
         while not done.wait(0.5) and not seen:
-            seen.extend(" ".join(p.cmdline())[:200] for p in vllm_processes()[:1])
+            seen.extend(" ".join(p.cmdline())[:200] for p in vllm_processes() if is_server(p))
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
