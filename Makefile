@@ -47,8 +47,8 @@ test: install lint
 		>/dev/null 2>&1 || echo "Chromium not installed (apt-get install chromium): the dashboard browser tests will be skipped"
 	$(BIN)/python -m pytest
 
-# The tests that start no vLLM server (the `server` marker is set in tests/conftest.py): the inner loop, under
-# 3 minutes. The browser tests start Streamlit and Chromium, which is most of a minute: they stay in `make test`.
+# The tests that start no vLLM server (the `server` marker is set in tests/conftest.py): the inner loop. The
+# browser tests start Streamlit and Chromium, a minute or more on 2 cores: they stay in `make test`.
 test-fast: install
 	$(BIN)/python -m pytest -m "not server and not browser and not gpu"
 
