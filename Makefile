@@ -7,6 +7,9 @@ DB ?= qwen3lab.duckdb
 # imports them when present: text models need them gone.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
+# Two pytest-xdist workers, one core each (tests/conftest.py says why); TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+
 # The GPU suite (CI never runs it): one short real run per GPU path. GPU_PY may be a GPU host's own python.
 GPU_PY ?= $(BIN)/python
 
@@ -41,7 +44,7 @@ demo: install
 test: install
 	-@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		>/dev/null 2>&1 || echo "Chromium not installed (apt-get install chromium): the dashboard browser tests will be skipped"
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-gpu:
 	$(GPU_PY) -m pytest -m gpu -v tests/test_gpu_paths.py tests/test_hardware.py
