@@ -7,6 +7,9 @@ DB ?= qwen3lab.duckdb
 # imports them when present: text models need them gone.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 
+# Two pytest-xdist workers, one core each (tests/conftest.py says why); TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+
 # The GPU suite (CI never runs it): one short real run per GPU path. GPU_PY may be a GPU host's own python.
 GPU_PY ?= $(BIN)/python
 
@@ -45,7 +48,7 @@ lint: install
 test: install lint
 	-@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		>/dev/null 2>&1 || echo "Chromium not installed (apt-get install chromium): the dashboard browser tests will be skipped"
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The tests that start no vLLM server (the `server` marker is set in tests/conftest.py): the inner loop. The
 # browser tests start Streamlit and Chromium, a minute or more on 2 cores: they stay in `make test`.

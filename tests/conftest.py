@@ -9,6 +9,7 @@ import pytest
 from qwen3lab.experiment.spec import EngineConfig, Workload
 
 REPO = Path(__file__).resolve().parents[1]
+
 # The tiny model on vLLM's CPU backend, eager so it starts fast; 1 GiB of KV cache is ample for it.
 TINY = dict(model="builtin:qwen3-tiny", load_format="dummy", max_model_len=2048, enforce_eager=True,
             env={"VLLM_CPU_KVCACHE_SPACE": "1"})
@@ -70,6 +71,25 @@ def vllm_processes() -> list:
     return out
 
 
+# --- `make test`: two workers ---------------------------------------------------------------------------------
+# `make test` runs the suite in two pytest-xdist workers, a test file each at a time (--dist loadfile keeps a
+# file's module fixtures, and its servers, in one worker). A vLLM CPU server's start is three processes importing
+# torch one after the other, one core busy at a time: with the servers of one process on core 1 (cpu_server_pin)
+# and everything else waiting, one stream left the other core idle for half the suite. So each worker holds one
+# core of its own: its client, its servers (unpinned on one core) and its notebooks' kernels.
+# The files that take longest go first, so that neither worker is left with a long one at the end.
+SLOWEST_FIRST = ["test_notebooks.py", "test_capacity.py", "test_ray_executor.py", "test_sweep.py", "test_faults.py",
+                 "test_soak.py", "test_search.py", "test_router.py", "test_topology.py", "test_fidelity.py",
+                 "test_engine.py", "test_cli.py", "test_loadgen.py", "test_dashboard_browser.py"]
+
+
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if worker:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(worker.removeprefix("gw")) % len(cpus)]})
+
+
 # --- `make test-fast`: the tests that start no vLLM server -------------------------------------------------
 # A test is marked `server` by a fixture it takes (directly or through another fixture) or by its name below;
 # `make test-fast` runs `-m "not server"`. There a watcher fails any unmarked test that starts vLLM, so this
@@ -101,6 +121,8 @@ SERVER_TESTS = {
 
 
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
     for item in items:
         name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or name in SERVER_TESTS:
