@@ -263,8 +263,8 @@ def legend_below(fig, height: int | None = None):
     return fig
 
 
-def export_for(db: str, run_id: str, host: str, port: int) -> export.Export:
-    return export.export_run(run(db, run_id), host=host, port=port)
+def export_for(db: str, run_id: str, host: str, port: int, model: str | None = None) -> export.Export:
+    return export.export_run(run(db, run_id), host=host, port=port, model=model)
 
 
 def read_text_tail(path: str | None, max_bytes: int = 200_000) -> str | None:

@@ -148,12 +148,15 @@ def test_runs_page_filters_and_shows_reasons(app, db):
 def test_export_page_shows_the_winners_commands(app, db):
     ids = cpu_tiny_runs(db)
     at = app("views/export.py", run_ids=ids, experiment="cpu-tiny", export_run=ids[-1])
+    assert not at.code and "no checkpoint on the Hugging Face hub" in at.error[0].value  # the tiny test model
+    at.text_input(key="export_model").set_value("Qwen/Qwen3-0.6B")
+    at.run()
     codes = [c.value for c in at.code]
-    ex = export.export_run(Store(db).run(ids[-1]))
+    ex = export.export_run(Store(db).run(ids[-1]), model="Qwen/Qwen3-0.6B")
     assert codes == [t.rstrip("\n") for t in (ex.shell, ex.docker, ex.compose, ex.kubernetes)]
-    assert "vllm.entrypoints.openai.api_server" in ex.shell and "VLLM_CPU_KVCACHE_SPACE=1" in ex.shell
-    at.text_input[0].set_value("0.0.0.0")
-    at.number_input[0].set_value(9001)
+    assert "\nvllm serve Qwen/Qwen3-0.6B " in ex.shell and "VLLM_CPU_KVCACHE_SPACE=1" not in codes[0].splitlines()[-1]
+    at.text_input(key="export_host").set_value("0.0.0.0")
+    at.number_input(key="export_port").set_value(9001)
     at.run()
     assert at.code[0].value.endswith("--host 0.0.0.0 --port 9001")
 

@@ -118,14 +118,17 @@ def test_pick_runs_set_slo_see_winner_export_and_copy(served, browser_page):
     # Export the winner's command and copy it with the code block's own button.
     page.get_by_role("button", name="Export the winner's launch command").click()
     page.get_by_role("heading", name="Export the launch command").wait_for()
-    want = export.export_run(Store(db).run(expected.winner.run_id)).shell
+    page.get_by_text("no checkpoint on the Hugging Face hub").wait_for()  # the tiny test model: name one
+    page.get_by_label("Model").fill("Qwen/Qwen3-0.6B")
+    page.get_by_label("Model").press("Enter")
+    want = export.export_run(Store(db).run(expected.winner.run_id), model="Qwen/Qwen3-0.6B").shell
     block = page.locator("[data-testid='stCode']").first
     block.wait_for()
     block.hover()
     block.get_by_role("button", name="Copy to clipboard").click()
     page.wait_for_timeout(500)
     copied = page.evaluate("navigator.clipboard.readText()")
-    assert copied == want
+    assert copied.rstrip("\n") == want.rstrip("\n")
     assert shlex.split(copied)[-4:] == ["--host", "127.0.0.1", "--port", "8000"]
     shot(page, "export")
     for tab in ("docker run", "Compose", "Kubernetes"):
