@@ -14,6 +14,11 @@ if launched.empty:
     st.stop()
 ids = list(st.session_state.get("run_ids") or [])
 default = st.session_state.get("export_run")
+experiment = st.session_state.get("experiment")
+if default not in set(launched.run_id) and ui.is_capacity_experiment(df, experiment):
+    ranked = ui.capacity_ranking(ui.db_path(), experiment, ui.mtime())  # the winner by capacity
+    default = next((r for r in ranked[ranked.capacity.notna() & (ranked.status == "ok")].run_id
+                    if isinstance(r, str)), None)
 if default not in set(launched.run_id):
     slo = ui.slo_from_state(df, ids)
     w = ui.winner(ui.db_path(), tuple(ids), slo.model_dump_json()) if ids else None
