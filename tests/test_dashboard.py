@@ -190,6 +190,10 @@ def test_file_page_shows_a_log(app, db, tmp_path):
         at.run()
         assert not at.exception
         assert "Application startup complete" in at.code[0].value
+        for run, what, said in ((rid + "x", "log", f"names run `{rid}x`"), (rid, "secrets", "`what=secrets`")):
+            at.query_params["run"], at.query_params["what"] = run, what  # a bad link: a message, no traceback
+            at.run()
+            assert not at.exception and said in at.error[0].value and "Fix:" in at.error[0].value
     finally:
         store.update_run(rid, log_path=old)
 

@@ -156,6 +156,11 @@ def test_every_page_renders_in_the_browser(served, browser_page):
         page.get_by_role("heading", name=heading).wait_for()
         assert not page.locator("[data-testid='stException']").count()
         shot(page, path)
+    assert page.get_by_role("button", name="Deploy").count() == 0  # a minimal toolbar: no Streamlit Deploy
+    page.goto(f"{base}/file?run=no-such-run&what=log")  # a bad link: a message that says what to do
+    page.get_by_text("which").first.wait_for()
+    assert "no-such-run" in page.locator("[data-testid='stAlert']").first.inner_text()
+    assert not page.locator("[data-testid='stException']").count()
 
 
 def test_winner_card_reads_whole_at_1400_px(served, browser_page):
