@@ -93,16 +93,29 @@ def groups(runs) -> list[dict]:
         ok = ok[ok.validity.isna()]
     if "soak_id" in ok:
         ok = ok[ok.soak_id.isna()]
+    # a key per distinct combination of the key's columns, not per run: thousands of runs share a few keys
+    cols = [c for c in (*(c for group in FIELDS.values() for c in group), "offered_load", "load_axis") if c in ok]
+    combos = ok[cols].astype(object).where(ok[cols].notna(), None)
+    seen: dict[tuple, tuple[str, str | None]] = {}
+    keys, loads = [], []
+    for combo in combos.itertuples(index=False, name=None):
+        if combo not in seen:
+            row = dict(zip(cols, combo))
+            seen[combo] = (comparability_key(row), key_fields(row).get("load"))
+        keys.append(seen[combo][0])
+        loads.append(seen[combo][1])
     out: dict[tuple, dict] = {}
-    for r in ok.to_dict("records"):  # newest first, as Store.runs gives them
-        key = comparability_key(r)
-        g = out.setdefault((r.get("experiment"), key), {
-            "experiment": r.get("experiment"), "key": key, "load": key_fields(r).get("load"), "chapters": [],
-            "run_ids": [], "trials": set(), "newest": r.get("started_at"), "_load": _text(r.get("offered_load"))})
-        g["run_ids"].append(r["run_id"])
-        g["trials"].add(r.get("trial_key") or r["run_id"])
-        if (c := r.get("chapter")) is not None and c not in g["chapters"]:
-            g["chapters"].append(c)
+    trial_keys = ok.trial_key.fillna(ok.run_id) if "trial_key" in ok else ok.run_id
+    chapters = ok.chapter if "chapter" in ok else [None] * len(ok)
+    for exp, run_id, trial, chapter, key, load, offered, started in zip(
+            ok.experiment, ok.run_id, trial_keys, chapters, keys, loads,
+            ok.offered_load if "offered_load" in ok else [None] * len(ok), ok.started_at):  # newest first
+        g = out.setdefault((exp, key), {"experiment": exp, "key": key, "load": load, "chapters": [], "run_ids": [],
+                                        "trials": set(), "newest": started, "_load": _text(offered)})
+        g["run_ids"].append(run_id)
+        g["trials"].add(trial)
+        if _text(chapter) is not None and chapter not in g["chapters"]:
+            g["chapters"].append(chapter)
     found = [dict(g, trials=len(g["trials"])) for g in out.values()]
     found.sort(key=lambda g: (g["_load"] is not None, -g["trials"], -float(g["_load"] or 0), -len(g["run_ids"])))
     return [{k: v for k, v in g.items() if k != "_load"} for g in found]  # stable: newer groups first on ties

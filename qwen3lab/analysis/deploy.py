@@ -20,11 +20,11 @@ from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, HUB_TO_BUILTIN, find_confi
 
 # Environment of the measuring host only, each with why it is left out of a deployment.
 KIT_ENV: dict[str, str] = {
-    "HF_HUB_OFFLINE": "kept the measuring host off the hub (its model folder was local)",
+    "HF_HUB_OFFLINE": "kept the measuring host off the hub: its model folder was local",
     "TRANSFORMERS_OFFLINE": "kept the measuring host off the hub",
     "HF_DATASETS_OFFLINE": "kept the measuring host off the hub",
     "VLLM_USE_FLASHINFER_SAMPLER": "a workaround for the measuring build, which had no FlashInfer",
-    "VLLM_CPU_KVCACHE_SPACE": "the CPU test engine's KV cache size (a GPU server sizes its own)",
+    "VLLM_CPU_KVCACHE_SPACE": "the CPU test engine's KV cache size; a GPU server sizes its own",
     "VLLM_CPU_OMP_THREADS_BIND": "the CPU test engine's thread pinning",
 }
 # The folder models.dummy_model_dir makes for a builtin: NAME-vLAYOUT under .../dummy-models/

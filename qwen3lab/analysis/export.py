@@ -262,8 +262,9 @@ def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000, m
     version = run.get("vllm_version")
     c = container(config, version)
     trial = "/".join(str(run[k]) for k in ("chapter", "trial") if run.get(k))
-    where = f"run {run.get('run_id')}" + (f" ({trial})" if trial else "") + \
-        f", config {str(run.get('config_hash') or '')[:12]}, vLLM {version}, measured on {run.get('host')}"
+    where = ", ".join([f"run {run.get('run_id')}" + (f" ({trial})" if trial else ""),
+                       *(f"{what} {v}" for what, v in (("config", str(run.get("config_hash") or "")[:12]),
+                                                       ("vLLM", version), ("measured on", run.get("host"))) if v)])
     header = [f"qwen3lab export of {where}", *dep.header(), *c.notes]
     notes = [*dep.header(), *c.notes]
     if REDACTED in config.model_dump_json():  # the base engine's or a route's (a split topology's) secret
