@@ -80,6 +80,12 @@ def test_the_h200_winner_exports_from_the_cli():
     by_trial = subprocess.run([sys.executable, "-m", "qwen3lab.cli", "export", winner.row["trial"], "--db", str(db)],
                               capture_output=True, text=True, cwd=REPO)
     assert by_trial.returncode == 0 and "vllm serve Qwen/Qwen3-14B" in by_trial.stdout, by_trial.stderr
+    # a capacity configuration by its name: its load points share its config
+    capacity = Store(RESULTS / "h200-qwen3-14b-capacity.duckdb")
+    run = export.find_run(capacity, "fp8-online")
+    assert run["trial"].startswith("fp8-online@") and run["status"] == "ok"
+    with pytest.raises(export.ExportError, match="neither a run id nor the trial"):
+        export.find_run(capacity, "fp8")
 
 
 def test_the_tiny_test_model_asks_for_a_checkpoint(tmp_path):

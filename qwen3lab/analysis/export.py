@@ -47,17 +47,19 @@ class ExportError(Qwen3LabError):
 
 
 def find_run(store, ref: str) -> dict[str, Any]:
-    """A run by id, or the newest ok run of a trial named TRIAL or CHAPTER/TRIAL (within one experiment)."""
+    """A run by id, or the newest ok run of a trial named TRIAL or CHAPTER/TRIAL (within one experiment); a
+    capacity search's configuration by its name (its load points share its config)."""
     runs = store.runs()
     if runs.empty or ref in set(runs.run_id):  # store.run says what is missing: the file, or the run
         return store.run(ref)
     ok = runs[runs.status == "ok"]
-    named = ok.chapter.fillna("") + "/" + ok.trial.fillna("")
-    hits = ok[(ok.trial == ref) | (named == ref)]
+    trial = ok.trial.fillna("").str.split("@").str[0]  # a load point's trial is CONFIG@axis=load: one config
+    named = ok.chapter.fillna("") + "/" + trial
+    hits = ok[(ok.trial == ref) | (trial == ref) | (named == ref)]
     if hits.empty:
         raise ExportError(f"RUN|TRIAL {ref!r} is neither a run id nor the trial of an ok run in {store.path}. "
                           "Allowed: a run id or TRIAL or CHAPTER/TRIAL. Fix: list them with `qwen3lab runs`")
-    if hits.experiment.nunique() > 1 or (named[hits.index].nunique() > 1):
+    if hits.experiment.nunique() > 1 or named[hits.index].nunique() > 1:
         where = sorted({f"{e}: {c}/{t}" for e, c, t in zip(hits.experiment, hits.chapter, hits.trial)})
         raise ExportError(f"trial {ref!r} names more than one trial ({'; '.join(where)}). "
                           "Fix: give CHAPTER/TRIAL, or a run id from `qwen3lab runs`")
