@@ -135,16 +135,59 @@ def refresh_button() -> None:
 
 # --- what is compared ----------------------------------------------------------------------------------
 def default_selection(df: pd.DataFrame) -> list[str]:
-    """Every ok launch of the trials comparable with the newest ok run (same comparability key), reliable ones.
+    """Every ok launch of the largest group of comparable runs (comparable.groups: one experiment and
+    comparability key, most trials first; a capacity experiment's load points by offered load, never across
+    loads), reliable ones. Runs of other groups stay selectable by hand (the winner then says which field differs)."""
+    found = comparable.groups(df)
+    return list(found[0]["run_ids"]) if found else []
 
-    Runs of other workloads, machines or builds are not ranked with them; they stay selectable by hand (and the
-    winner then says which field differs).
-    """
-    ok = df[df.status.isin(selection.MEASURED) & (df.validity.isna() if "validity" in df else True)]
-    if ok.empty:
-        return []
-    keys = [comparable.comparability_key(r) for r in ok.to_dict("records")]
-    return [rid for rid, k in zip(ok.run_id, keys) if k == keys[0]]
+
+def group_id(g: dict) -> str:
+    return f"{g['experiment']} · {g['key']}"
+
+
+def group_label(g: dict) -> str:
+    chapters = ", ".join(str(c) for c in g["chapters"]) or "no chapter"
+    what = f"{g['trials']} configurations at {g['load']}" if g["load"] else f"{g['trials']} trials"
+    return f"{g['experiment']} · {chapters} · key {g['key']} · {what}, {len(g['run_ids'])} runs"
+
+
+def is_capacity_experiment(df: pd.DataFrame, experiment: str | None) -> bool:
+    """Only capacity searches measured it: its configurations are ranked by capacity (the Capacity page); its
+    load points are compared only at one offered load."""
+    mine = df[(df.experiment == experiment) & df.status.isin(selection.MEASURED)] if experiment else df.iloc[0:0]
+    return not mine.empty and "search_id" in mine and bool(mine.search_id.notna().all())
+
+
+def opens_on_capacity() -> bool:
+    """Whether the dashboard opens on the Capacity page: the experiment in view is a capacity experiment."""
+    try:
+        df = _runs(db_path(), mtime())
+    except Qwen3LabError:
+        return False
+    if df.empty:
+        return False
+    return is_capacity_experiment(df, st.session_state.get("experiment") or default_experiment(df))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def capacity_ranking(db: str, experiment: str, stamp: float) -> pd.DataFrame:
+    """One row per configuration of an experiment's capacity searches, ranked by capacity (capacity.per_configuration:
+    its newest `launches` searches combined), with `run_id`: the run of its last passing load point."""
+    from qwen3lab.measure import capacity as cap
+
+    s = Store(db)
+    mine = s.capacities(experiment=experiment)
+    if mine.empty:
+        return mine
+    ranked = cap.per_configuration(mine.sort_values("started_at", ascending=False))
+    ranked = ranked.sort_values("capacity", ascending=False, na_position="last").reset_index(drop=True)
+    points = s.runs(experiment=experiment, status="ok")
+    passing = {}
+    for r in ranked.itertuples():
+        hit = points[(points.search_id == r.search_id) & (points.offered_load == r.low)]
+        passing[r.search_id] = hit.run_id.iloc[0] if not hit.empty else None
+    return ranked.assign(run_id=ranked.search_id.map(passing))
 
 
 def default_experiment(df: pd.DataFrame) -> str | None:
@@ -156,7 +199,7 @@ def default_experiment(df: pd.DataFrame) -> str | None:
 
 
 def selection_sidebar(df: pd.DataFrame) -> list[str]:
-    """Experiment and runs to compare, kept across pages in st.session_state."""
+    """Experiment, group of comparable runs and the runs to compare, kept across pages in st.session_state."""
     exps = [e for e in df.experiment.dropna().unique()]
     if not exps:
         return []
@@ -166,17 +209,95 @@ def selection_sidebar(df: pd.DataFrame) -> list[str]:
     if st.session_state.get("experiment") not in exps:
         st.session_state.experiment = default_experiment(df) or exps[0]
         st.session_state.pop("run_ids", None)
-    exp = st.sidebar.selectbox("Experiment", exps, key="experiment", on_change=lambda: st.session_state.pop("run_ids", None))
+
+    def new_experiment():
+        st.session_state.pop("run_ids", None)
+        st.session_state.pop("group", None)
+
+    exp = st.sidebar.selectbox("Experiment", exps, key="experiment", on_change=new_experiment)
     mine = df if exp == ALL else df[df.experiment == exp]
+    found = {group_id(g): g for g in comparable.groups(mine)}
+    if found:
+        if st.session_state.get("group") not in found:
+            st.session_state.group = next(iter(found))
+
+        def new_group():
+            st.session_state.run_ids = list(found[st.session_state.group]["run_ids"])
+
+        st.sidebar.selectbox("Comparable runs", list(found), key="group", format_func=lambda g: group_label(found[g]),
+                             on_change=new_group, help="Runs of one workload, tokenizer, machine and vLLM build "
+                             "(the comparability key), by experiment and chapters; the largest group is picked for you")
     choices = mine[mine.status.isin(selection.MEASURED)]
     labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
               for r in choices.itertuples()}
     if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):
-        st.session_state.run_ids = default_selection(mine) if exp != ALL else []
+        st.session_state.run_ids = list(found[st.session_state.group]["run_ids"]) if found else []
     picked = st.sidebar.multiselect("Runs to compare", list(labels), key="run_ids", format_func=labels.get,
-                                    help="Every launch of the trials comparable with the newest run is picked "
-                                         "(same workload, tokenizer, machine and build); a trial's launches are pooled")
+                                    help="Every launch of the group's trials is picked (same workload, tokenizer, "
+                                         "machine and build); a trial's launches are pooled")
     return picked
+
+
+def stop_without_runs(df: pd.DataFrame, what: str) -> None:
+    """Nothing picked: a capacity experiment is sent to its Capacity page, anything else asked to pick runs."""
+    exp = st.session_state.get("experiment")
+    if is_capacity_experiment(df, exp):
+        st.info(f"`{exp}` measured capacities: each configuration on one server at rising loads. Its load points "
+                "stand for no trial and are not ranked against each other; the Capacity page ranks the "
+                "configurations by capacity.")
+        st.page_link("views/capacity.py", label="Capacity: the winner by capacity", icon=":material/speed:")
+    else:
+        st.info(what)
+    st.stop()
+
+
+def load_point_note(df: pd.DataFrame, run_ids: list[str]) -> None:
+    """Load points picked: say they are ranked at their one offered load, and where the winner by capacity is."""
+    picked = df[df.run_id.isin(run_ids)]
+    if "offered_load" not in picked or picked.offered_load.isna().all():
+        return
+    loads = sorted({f"{a or 'load'} {v:g}" for a, v in zip(picked.load_axis, picked.offered_load) if pd.notna(v)})
+    st.caption(f"Capacity load points at {', '.join(loads)}: ranked at that offered load only, never across loads. "
+               "The winner by capacity (the largest load within the SLOs) is on the Capacity page.")
+    st.page_link("views/capacity.py", label="Capacity: the winner by capacity", icon=":material/speed:")
+
+
+AXIS_UNITS = {"request_rate": "req/s", "concurrency": "concurrent requests"}
+
+
+def capacity_winner_card(ranked: pd.DataFrame) -> None:
+    """The winner by capacity (never a load point against another), its bracket against the runner-up's."""
+    done = ranked[ranked.capacity.notna() & (ranked.status == "ok")]
+    with st.container(border=True):
+        if done.empty:
+            st.markdown("### No capacity within the SLOs yet")
+            st.caption("No configuration has a finished search whose lowest load met the SLOs.")
+            return
+        top = done.iloc[0]
+        name = f"{top.chapter}/{top.trial}" if top.chapter else top.trial
+        st.markdown(f"### :material/trophy: Winner by capacity: `{name}`")
+        unit = AXIS_UNITS.get(top.axis, top.axis)
+        st.markdown(f"Capacity **{top.capacity:g} {unit}** ({top.axis}; last pass {num(top.low, '{:g}')}, first fail "
+                    f"{num(top.high, '{:g}')}); {launches_of(int(top.launches))}.")
+        if len(done) > 1:
+            second = done.iloc[1]
+            apart = pd.notna(second.high) and top.low >= second.high
+            st.markdown(f"**Runner-up `{second.trial}`**: {second.capacity:g} {AXIS_UNITS.get(second.axis, second.axis)} (first fail "
+                        f"{num(second.high, '{:g}')}).")
+            (st.success if apart else st.info)(
+                "The brackets do not overlap: the winner carries more load." if apart else
+                "The brackets overlap: the bisection cannot tell these two apart; measure a finer step or more launches.")
+        if int(top.launches) < 2:
+            st.caption("One launch per configuration: a second launch would show how much capacity varies between "
+                       "launches.")
+        if isinstance(top.run_id, str) and st.button("Export the winner's launch command", icon=":material/terminal:",
+                                                      type="primary", key="capacity-export"):
+            st.session_state.export_run = top.run_id
+            st.switch_page("views/export.py")
+
+
+def launches_of(n: int) -> str:
+    return "1 launch" if n == 1 else f"{n} launches"
 
 
 def compare_runs(experiment: str, run_ids: list[str]) -> None:
@@ -263,8 +384,8 @@ def legend_below(fig, height: int | None = None):
     return fig
 
 
-def export_for(db: str, run_id: str, host: str, port: int) -> export.Export:
-    return export.export_run(run(db, run_id), host=host, port=port)
+def export_for(db: str, run_id: str, host: str, port: int, model: str | None = None) -> export.Export:
+    return export.export_run(run(db, run_id), host=host, port=port, model=model)
 
 
 def read_text_tail(path: str | None, max_bytes: int = 200_000) -> str | None:

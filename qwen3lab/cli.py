@@ -470,6 +470,25 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
         console.print(terminal.probe_table(found))
 
 
+@app.command("export")
+def export_(
+    ref: str = typer.Argument(..., metavar="RUN|TRIAL", help="A run id, or TRIAL / CHAPTER/TRIAL (its newest ok run)."),
+    fmt: str = typer.Option("shell", "--format", help="shell, docker, compose or k8s."),
+    model: Optional[str] = typer.Option(None, "--model", help="Checkpoint to deploy (default: the measured model's hub id)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address the server listens on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", help="Port the server listens on."),
+    db: str = DB,
+):
+    """A run's launch command as a deployment: the real checkpoint and the winner's flags, no measuring-kit switches."""
+    from qwen3lab.analysis import export
+    from qwen3lab.store import Store
+
+    try:
+        sys.stdout.write(export.export_run(export.find_run(Store(db), ref), host, port, model).get(fmt))
+    except Qwen3LabError as exc:
+        _fail(exc)
+
+
 @app.command()
 def k8s(
     experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),

@@ -21,9 +21,10 @@ def app_path() -> Path:
 
 def dashboard_argv(db: str, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
     # Headless and without usage statistics: nothing is sent anywhere, and no browser is opened on a server.
+    # A minimal toolbar: Streamlit's own Deploy button has no place in a tool whose product is a deployment.
     return [sys.executable, "-m", "streamlit", "run", str(app_path()), "--server.address", host,
             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--", "--db", str(Path(db).expanduser().resolve())]
+            "--client.toolbarMode", "minimal", "--", "--db", str(Path(db).expanduser().resolve())]
 
 
 def run_dashboard(db: str, host: str = "127.0.0.1", port: int = 8501) -> int:

@@ -103,9 +103,9 @@ def test_roofline_tab_shows_ceiling_and_efficiency_where_the_run_has_a_gpu(app, 
 
 def test_winner_page_ranks_under_the_users_slos(app, db):
     at = app("views/winner.py")
-    at.number_input(key="slo_ttft").set_value(5000.0)
-    at.number_input(key="slo_tpot").set_value(100.0)
-    at.number_input(key="slo_e2el").set_value(None)
+    at.number_input(key="slo_ttft_p95_ms").set_value(5000.0)
+    at.number_input(key="slo_tpot_p95_ms").set_value(100.0)
+    at.number_input(key="slo_e2el_p99_ms").set_value(None)
     next(b for b in at.button if b.label == "Pick the winner").click()
     at.run()
     assert not at.exception
@@ -120,7 +120,7 @@ def test_winner_page_ranks_under_the_users_slos(app, db):
     assert at.session_state["slo"]["ttft_p95_ms"] == 5000.0
 
     # SLOs nothing meets: no winner, and the closest run is named.
-    at.number_input(key="slo_ttft").set_value(1.0)
+    at.number_input(key="slo_ttft_p95_ms").set_value(1.0)
     next(b for b in at.button if b.label == "Pick the winner").click()
     at.run()
     assert "No winner under these SLOs" in texts(at) and "Closest:" in texts(at)
@@ -148,12 +148,15 @@ def test_runs_page_filters_and_shows_reasons(app, db):
 def test_export_page_shows_the_winners_commands(app, db):
     ids = cpu_tiny_runs(db)
     at = app("views/export.py", run_ids=ids, experiment="cpu-tiny", export_run=ids[-1])
+    assert not at.code and "no checkpoint on the Hugging Face hub" in at.error[0].value  # the tiny test model
+    at.text_input(key="export_model").set_value("Qwen/Qwen3-0.6B")
+    at.run()
     codes = [c.value for c in at.code]
-    ex = export.export_run(Store(db).run(ids[-1]))
+    ex = export.export_run(Store(db).run(ids[-1]), model="Qwen/Qwen3-0.6B")
     assert codes == [t.rstrip("\n") for t in (ex.shell, ex.docker, ex.compose, ex.kubernetes)]
-    assert "vllm.entrypoints.openai.api_server" in ex.shell and "VLLM_CPU_KVCACHE_SPACE=1" in ex.shell
-    at.text_input[0].set_value("0.0.0.0")
-    at.number_input[0].set_value(9001)
+    assert "\nvllm serve Qwen/Qwen3-0.6B " in ex.shell and "VLLM_CPU_KVCACHE_SPACE=1" not in codes[0].splitlines()[-1]
+    at.text_input(key="export_host").set_value("0.0.0.0")
+    at.number_input(key="export_port").set_value(9001)
     at.run()
     assert at.code[0].value.endswith("--host 0.0.0.0 --port 9001")
 
@@ -187,6 +190,10 @@ def test_file_page_shows_a_log(app, db, tmp_path):
         at.run()
         assert not at.exception
         assert "Application startup complete" in at.code[0].value
+        for run, what, said in ((rid + "x", "log", f"names run `{rid}x`"), (rid, "secrets", "`what=secrets`")):
+            at.query_params["run"], at.query_params["what"] = run, what  # a bad link: a message, no traceback
+            at.run()
+            assert not at.exception and said in at.error[0].value and "Fix:" in at.error[0].value
     finally:
         store.update_run(rid, log_path=old)
 
@@ -287,3 +294,39 @@ def test_the_committed_h200_capacities_show_on_the_capacity_page(app, tmp_path, 
     # the bracket: the capacity is its last passing point, below the first failing one
     assert (ok.low == ok.capacity).all() and (ok.capacity < ok.high).all()
     assert len(at.get("plotly_chart")) >= 1
+
+
+def test_the_committed_results_open_on_the_answer(app, tmp_path, monkeypatch):
+    """Each committed H200 file opens on a non-empty answer: the largest group of comparable runs, its winner on
+    Compare, Winner and Export; the capacity file on its Capacity page, the winner by capacity."""
+    from qwen3lab.analysis import comparable
+    from qwen3lab.measure import capacity as cap
+
+    at = open_committed(app, tmp_path, monkeypatch, "h200-qwen3-14b.duckdb", None)
+    store = Store(tmp_path / "h200-qwen3-14b.duckdb")
+    groups = comparable.groups(store.runs())
+    assert at.title[0].value == "Compare runs" and groups[0]["trials"] == max(g["trials"] for g in groups) > 2
+    ids = at.session_state["run_ids"]
+    assert sorted(ids) == sorted(groups[0]["run_ids"])
+    label = at.selectbox(key="group").options[0]  # the picker lists groups by experiment, chapters and key
+    assert all(str(c) in label for c in groups[0]["chapters"]) and groups[0]["key"] in label
+    w = compare.pick_winner(compare.load_runs(store, ids), compare.stored_slo(store, "h200-qwen3-14b"))
+    assert w.winner is not None and f"Winner: `{w.winner.label}`" in texts(at)
+    at.switch_page("views/export.py")
+    at.run()
+    assert next(s for s in at.selectbox if s.label == "Run").value == w.winner.run_id  # Export opens on the group's winner
+    assert at.code[0].value == export.export_run(store.run(w.winner.run_id)).shell.rstrip("\n")
+
+    at = open_committed(app, tmp_path, monkeypatch, "h200-qwen3-14b-capacity.duckdb", None)
+    store = Store(tmp_path / "h200-qwen3-14b-capacity.duckdb")
+    assert at.title[0].value == "Capacity"
+    top = cap.per_configuration(store.capacities()).sort_values("capacity", ascending=False).iloc[0]
+    assert f"Winner by capacity: `{top.chapter}/{top.trial}`" in texts(at)
+    # Compare ranks load points at one offered load only; two loads picked by hand are refused, naming the load
+    runs = store.runs(status="ok")
+    assert runs[runs.run_id.isin(at.session_state["run_ids"])].offered_load.nunique() == 1
+    by_load = runs.drop_duplicates("offered_load")
+    at.session_state["pending_selection"] = ("h200-qwen3-14b-capacity", list(by_load.run_id[:2]))
+    at.switch_page("views/compare.py")
+    at.run()
+    assert "cannot be set against each other" in at.error[0].value and "load: request_rate" in at.error[0].value

@@ -6,8 +6,10 @@ Python package; no browser download.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,28 +38,37 @@ pytestmark = [
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    db = tmp_path_factory.mktemp("browser") / "dash.duckdb"
-    dashdata.build(db)
+@contextlib.contextmanager
+def dashboard(db: Path):
+    """`qwen3lab dashboard` on `db`, up (its /_stcore/health answers), stopped after."""
     port = engine.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "qwen3lab.cli", "dashboard", "--db", str(db), "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
-    while True:
-        try:
-            if engine.http_get(base + "/_stcore/health", timeout=2)[0] == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            out = proc.stdout.read().decode() if proc.poll() is not None else ""
-            pytest.fail(f"the dashboard did not come up on {base}:\n{out}")
-        time.sleep(0.5)
-    yield base, db
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    try:
+        while True:
+            try:
+                if engine.http_get(base + "/_stcore/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read().decode() if proc.poll() is not None else ""
+                pytest.fail(f"the dashboard did not come up on {base}:\n{out}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    db = tmp_path_factory.mktemp("browser") / "dash.duckdb"
+    dashdata.build(db)
+    with dashboard(db) as base:
+        yield base, db
 
 
 @pytest.fixture(scope="module")
@@ -118,15 +129,19 @@ def test_pick_runs_set_slo_see_winner_export_and_copy(served, browser_page):
     # Export the winner's command and copy it with the code block's own button.
     page.get_by_role("button", name="Export the winner's launch command").click()
     page.get_by_role("heading", name="Export the launch command").wait_for()
-    want = export.export_run(Store(db).run(expected.winner.run_id)).shell
+    page.get_by_text("no checkpoint on the Hugging Face hub").wait_for()  # the tiny test model: name one
+    model = page.get_by_role("textbox", name="Model", exact=True)
+    model.fill("Qwen/Qwen3-0.6B")
+    model.press("Enter")
+    want = export.export_run(Store(db).run(expected.winner.run_id), model="Qwen/Qwen3-0.6B").shell
     block = page.locator("[data-testid='stCode']").first
     block.wait_for()
     block.hover()
     block.get_by_role("button", name="Copy to clipboard").click()
     page.wait_for_timeout(500)
     copied = page.evaluate("navigator.clipboard.readText()")
-    assert copied == want
-    assert shlex.split(copied)[-4:] == ["--host", "127.0.0.1", "--port", "8000"]
+    assert copied.rstrip("\n") == want.rstrip("\n")
+    assert shlex.split(copied, comments=True)[-4:] == ["--host", "127.0.0.1", "--port", "8000"]
     shot(page, "export")
     for tab in ("docker run", "Compose", "Kubernetes"):
         page.get_by_role("tab", name=tab).click()
@@ -141,6 +156,11 @@ def test_every_page_renders_in_the_browser(served, browser_page):
         page.get_by_role("heading", name=heading).wait_for()
         assert not page.locator("[data-testid='stException']").count()
         shot(page, path)
+    assert page.get_by_role("button", name="Deploy").count() == 0  # a minimal toolbar: no Streamlit Deploy
+    page.goto(f"{base}/file?run=no-such-run&what=log")  # a bad link: a message that says what to do
+    page.get_by_text("which").first.wait_for()
+    assert "no-such-run" in page.locator("[data-testid='stAlert']").first.inner_text()
+    assert not page.locator("[data-testid='stException']").count()
 
 
 def test_winner_card_reads_whole_at_1400_px(served, browser_page):
@@ -179,3 +199,48 @@ def test_winner_card_reads_whole_at_1400_px(served, browser_page):
         " document.documentElement.clientWidth]")
     assert right <= column + 1 and right <= window, (right, column, window)
     shot(page, "winner-card-1400")
+
+
+def test_capacity_slos_round_trip_through_the_winner_form(browser_page):
+    """The committed capacity file: it opens on Capacity; the Winner form shows every SLO the experiment holds
+    (per request and percentiles, failed fraction), submits them unchanged, and an edit is what is ranked."""
+    from dashboard import ui
+    from qwen3lab.analysis.wording import slo_text, verdict_text
+
+    db = Path(tempfile.mkdtemp(prefix="capacity-")) / "h200-qwen3-14b-capacity.duckdb"
+    shutil.copy(ROOT / "experiments" / "results" / db.name, db)  # the committed file is never written
+    store = Store(db)
+    experiment = "h200-qwen3-14b-capacity"
+    stored = compare.stored_slo(store, experiment)
+    ids = ui.default_selection(store.runs(experiment=experiment))
+    page = browser_page
+    with dashboard(db) as base:
+        page.goto(base)
+        page.get_by_role("heading", name="Capacity", exact=True).wait_for()
+        page.get_by_text("Winner by capacity:").wait_for()
+        page.get_by_test_id("stTopNav").get_by_role("link", name="Winner", exact=True).click()
+        page.get_by_role("heading", name="Pick the winner under your SLOs").wait_for()
+        boxes = {f: page.get_by_label(label, exact=True) for f, label in (
+            ("ttft_ms", "TTFT at most (ms)"), ("tpot_ms", "TPOT at most (ms)"), ("e2el_ms", "E2EL at most (ms)"),
+            ("ttft_p95_ms", "P95 TTFT at most (ms)"), ("tpot_p95_ms", "P95 TPOT at most (ms)"),
+            ("e2el_p99_ms", "P99 E2EL at most (ms)"))}
+        boxes["max_failed_fraction"] = page.get_by_label("Failed requests at most", exact=False)
+        for field, box in boxes.items():  # prefilled from the experiment: a value where it set one, else empty
+            want = getattr(stored, field)
+            assert box.input_value() == ("" if want is None else f"{want:g}"), field
+        assert stored.ttft_ms and stored.tpot_ms  # the capacity experiment's per-request SLOs
+
+        def verdict(slo: SLO) -> str:
+            page.get_by_role("button", name="Pick the winner").click()
+            page.get_by_text(f"SLOs in force: {slo_text(slo)};").wait_for()
+            w = compare.pick_winner(compare.load_runs(store, ids), slo)
+            page.get_by_text(f"Winner: {w.winner.label}" if w.winner else "No winner under these SLOs").first.wait_for()
+            body = page.locator("[data-testid='stMain']").inner_text()
+            assert verdict_text(w).replace("`", "") in body  # markdown shows `code` without its backticks
+            return body
+
+        verdict(stored)  # submitted unchanged: the experiment's SLOs rank the runs
+        shot(page, "winner-capacity")
+        edited = stored.model_copy(update={"tpot_ms": stored.tpot_ms / 2})
+        boxes["tpot_ms"].fill(f"{edited.tpot_ms:g}")
+        verdict(edited)  # an edit is what is submitted, the other SLOs unchanged

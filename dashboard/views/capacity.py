@@ -7,7 +7,6 @@ import streamlit as st
 from dashboard import ui
 from qwen3lab.analysis import plots
 from qwen3lab.errors import Qwen3LabError
-from qwen3lab.measure import capacity as cap
 
 st.title("Capacity")
 try:
@@ -23,11 +22,12 @@ if searches.empty and studies.empty:
 
 if not searches.empty:
     experiments = sorted(searches.experiment.dropna().unique())
-    experiment = st.selectbox("Experiment", experiments, key="capacity_experiment")
-    mine = searches[searches.experiment == experiment]
+    here = st.session_state.get("experiment")
+    experiment = st.selectbox("Experiment", experiments, key="capacity_experiment",
+                              index=experiments.index(here) if here in experiments else 0)
     # Each configuration's newest searches (as many launches as it asked for) stand for it; ranked by capacity.
-    latest = cap.per_configuration(mine.sort_values("started_at", ascending=False))
-    ranked = latest.sort_values("capacity", ascending=False, na_position="last")
+    ranked = ui.capacity_ranking(ui.db_path(), experiment, ui.mtime())
+    ui.capacity_winner_card(ranked)
     st.caption("Capacity = the largest offered load whose point met the SLOs; the bracket is that point and the "
                "first failing one above it. One server served every point of a search; with `capacity.launches` "
                "above 1, the capacity is the median of that many launches and the bracket spans all of them.")

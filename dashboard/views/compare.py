@@ -9,8 +9,7 @@ st.title("Compare runs")
 df = ui.runs()
 ids = list(st.session_state.get("run_ids") or [])
 if len(ids) < 2:
-    st.info("Pick two or more finished runs under **Runs to compare** in the sidebar.")
-    st.stop()
+    ui.stop_without_runs(df, "Pick two or more finished runs under **Runs to compare** in the sidebar.")
 slo = ui.slo_from_state(df, ids)
 w = ui.winner_or_stop(ui.db_path(), tuple(ids), slo)
 labels = dict(zip(df.run_id, df.label))
@@ -21,6 +20,7 @@ with left:
     st.plotly_chart(ui.pareto(ranked, slo), width="stretch", key="pareto")
 with right:
     ui.winner_card(w, slo)
+    ui.load_point_note(df, ids)
     st.page_link("views/winner.py", label="Change the SLOs on the Winner page", icon=":material/tune:")
     st.page_link("views/export.py", label="Export the winner's launch command", icon=":material/terminal:")
 missing = sorted(set(ids) - set(w.ranking.run_id if not w.ranking.empty else []))

@@ -2,13 +2,24 @@
 import streamlit as st
 
 from dashboard import ui
+from qwen3lab.errors import Qwen3LabError
 
 run_id = st.query_params.get("run")
 what = st.query_params.get("what", "log")
 if not run_id:
     st.info("Open a log or a notebook from the Runs page.")
     st.stop()
-info = ui.run(ui.db_path(), run_id)
+if what not in ("log", "notebook"):
+    st.error(f"This link asks for `what={what}`: it can be `log` or `notebook`. Fix: open the file from the Runs page.")
+    st.page_link("views/runs.py", label="Runs", icon=":material/table_rows:")
+    st.stop()
+try:
+    info = ui.run(ui.db_path(), run_id)
+except Qwen3LabError as exc:  # a link to a run this database does not hold: say so, no traceback
+    st.error(f"This link names run `{run_id}`, which `{ui.db_path()}` does not hold ({exc}). "
+             "Fix: open the log or notebook from the Runs page of the database that holds the run.")
+    st.page_link("views/runs.py", label="Runs", icon=":material/table_rows:")
+    st.stop()
 path = info.get("log_path" if what == "log" else "notebook_path")
 st.title(f"{what.capitalize()} of {ui.compare.run_label(info)}")
 st.caption(f"run {run_id} · `{path}`")

@@ -4,7 +4,9 @@ Two runs are compared, ranked or pooled only when they sent the same requests (t
 prompts, arrival schedule), tokenized the same way (tokenizer fingerprint), on the same kind of machine (CPU
 model and GPUs) and with the same vLLM build (vLLM and torch versions). Everything else (the engine flags)
 is what is being compared. A field nobody recorded (an imported result) reads "unknown": it matches
-"unknown", and the key says so.
+"unknown", and the key says so. A capacity search's load point also carries its offered load: points at
+different loads are never set against each other (the load is part of the workload; the Capacity page ranks
+configurations by capacity instead).
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def key_fields(row: Mapping) -> dict[str, str]:
     for name, cols in FIELDS.items():
         parts = [_text(row.get(c)) for c in cols]
         out[name] = UNKNOWN if all(p is None for p in parts) else " / ".join(p or "?" for p in parts)
+    if (load := _text(row.get("offered_load"))) is not None:  # only load points: other runs' keys stay as stored
+        out["load"] = f"{_text(row.get('load_axis')) or 'load'} {float(load):g}"
     return out
 
 
@@ -52,7 +56,8 @@ def comparability_key(row: Mapping) -> str:
 def differences(a: Mapping, b: Mapping) -> list[str]:
     """'workload: 3f2a.. vs 91bc..' for each field of the key in which two runs differ."""
     fa, fb = key_fields(a), key_fields(b)
-    return [f"{k}: {fa[k]} vs {fb[k]}" for k in FIELDS if fa[k] != fb[k]]
+    return [f"{k}: {fa.get(k, 'none')} vs {fb.get(k, 'none')}" for k in dict.fromkeys([*fa, *fb])
+            if fa.get(k) != fb.get(k)]
 
 
 def check(rows: Iterable[Mapping], labels: Iterable[str] | None = None) -> str:
@@ -71,6 +76,49 @@ def check(rows: Iterable[Mapping], labels: Iterable[str] | None = None) -> str:
             + ". Compare runs of one workload, tokenizer, machine and vLLM build: pick one chapter "
               "(--chapter), or runs that share the comparability key (`qwen3lab runs --json` lists it).")
     return comparability_key(first)
+
+
+def groups(runs) -> list[dict]:
+    """The groups of runs that may be compared, largest first: one per experiment and key, of the ok runs not
+    marked unreliable. Runs that measure a trial come first (most trials first); then a capacity search's load
+    points, which group by offered load (the highest load most configurations measured first); a soak's windows
+    are no group. Each: experiment, chapters, key, load (None, or 'request_rate 64'), run_ids (newest first),
+    trials (how many), newest."""
+    from qwen3lab.analysis import selection
+
+    ok = runs[runs.status.isin(selection.MEASURED)] if not runs.empty else runs
+    if ok.empty:
+        return []
+    if "validity" in ok:
+        ok = ok[ok.validity.isna()]
+    if "soak_id" in ok:
+        ok = ok[ok.soak_id.isna()]
+    # a key per distinct combination of the key's columns, not per run: thousands of runs share a few keys
+    cols = [c for c in (*(c for group in FIELDS.values() for c in group), "offered_load", "load_axis") if c in ok]
+    combos = ok[cols].astype(object).where(ok[cols].notna(), None)
+    seen: dict[tuple, tuple[str, str | None]] = {}
+    keys, loads = [], []
+    for combo in combos.itertuples(index=False, name=None):
+        if combo not in seen:
+            row = dict(zip(cols, combo))
+            seen[combo] = (comparability_key(row), key_fields(row).get("load"))
+        keys.append(seen[combo][0])
+        loads.append(seen[combo][1])
+    out: dict[tuple, dict] = {}
+    trial_keys = ok.trial_key.fillna(ok.run_id) if "trial_key" in ok else ok.run_id
+    chapters = ok.chapter if "chapter" in ok else [None] * len(ok)
+    for exp, run_id, trial, chapter, key, load, offered, started in zip(
+            ok.experiment, ok.run_id, trial_keys, chapters, keys, loads,
+            ok.offered_load if "offered_load" in ok else [None] * len(ok), ok.started_at):  # newest first
+        g = out.setdefault((exp, key), {"experiment": exp, "key": key, "load": load, "chapters": [], "run_ids": [],
+                                        "trials": set(), "newest": started, "_load": _text(offered)})
+        g["run_ids"].append(run_id)
+        g["trials"].add(trial)
+        if _text(chapter) is not None and chapter not in g["chapters"]:
+            g["chapters"].append(chapter)
+    found = [dict(g, trials=len(g["trials"])) for g in out.values()]
+    found.sort(key=lambda g: (g["_load"] is not None, -g["trials"], -float(g["_load"] or 0), -len(g["run_ids"])))
+    return [{k: v for k, v in g.items() if k != "_load"} for g in found]  # stable: newer groups first on ties
 
 
 def describe(row: Mapping) -> str:

