@@ -1,9 +1,6 @@
 """Attention backends: what a server's log says it ran, and what pre-flight refuses for a build that lacks it."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 
 import pytest
 
@@ -61,8 +58,7 @@ def test_flash_attn_version_env_is_an_error_where_the_build_ignores_it():
 
 def gpu_build(**facts) -> attention.BuildAttention:
     """A GPU build over this machine's real registry file (the names), with the kernels and packages given."""
-    real = json.loads(subprocess.run([sys.executable, "-c", attention._PROBE], capture_output=True, text=True,
-                                     check=True).stdout)
+    real = attention._facts()
     assert "FLASHINFER" in real["registry"] and "FLEX_ATTENTION" in real["registry"]
     return attention.from_probe({**real, **facts}, "vllm", "0.26.0")
 

