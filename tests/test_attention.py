@@ -1,6 +1,7 @@
 """Attention backends: what a server's log says it ran, and what pre-flight refuses for a build that lacks it."""
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,25 @@ def test_a_gpu_build_without_flashinfer_or_fa2_refuses_them_and_names_what_it_ha
     assert kit.refusal("TRITON_ATTN") is None
     with_fa2 = gpu_build(fa_versions=[2, 3], flashinfer=True, triton=True)
     assert with_fa2.refusal("FLASHINFER") is None and with_fa2.fa_versions == (2, 3)
+
+
+def test_runs_table_shows_the_logged_backend_where_runs_differ(tmp_path):
+    from rich.console import Console
+
+    from qwen3lab import terminal
+    from qwen3lab.analysis import importers
+    from qwen3lab.store import Store
+
+    store = Store(tmp_path / "a.duckdb")  # a real file: two imported runs, then what their servers logged
+    data = Path(__file__).parent / "data" / "import"
+    fa3, triton = importers.import_files(store, [data / "vllm-bench-serve-detailed.json", data / "vllm-bench-serve.json"])
+    store.update_run(fa3, attention_backend="FLASH_ATTN", flash_attn_version=3)
+    store.update_run(triton, attention_backend="TRITON_ATTN")
+    console = Console(width=220, record=True)
+    console.print(terminal.runs_table(store.runs()))
+    text = console.export_text()
+    assert "FLASH_ATTN/FA3" in text and "TRITON_ATTN" in text
+    store.update_run(triton, attention_backend="FLASH_ATTN", flash_attn_version=3)
+    console = Console(width=220, record=True)
+    console.print(terminal.runs_table(store.runs()))
+    assert "FLASH_ATTN/FA3 (latencies" in console.export_text()  # shared by every run: said once, in the title
