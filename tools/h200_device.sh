@@ -9,7 +9,9 @@
 #                                            image lacks papermill, ipykernel and plotly: carry their wheels as
 #                                            .gpukit/gpu/nbwheels/ (installed once); the executed notebooks come
 #                                            back under $OUT/notebooks/. The attention chapters (issue 31):
-#                                            `sweep 560 attention_and_builds attention_long_prompts`, again until done
+#                                            `run 520 attention_and_builds` until its 8 launches are in (resumes),
+#                                            the same for attention_long_prompts, then `sweep 300 attention_and_builds
+#                                            attention_long_prompts` executes notebook 60 on the stored runs
 #   STAGE tests TIMEOUT_S PYTEST_K           `make test-gpu`'s tests (PYTEST_K: pytest -k, "" for all)
 #   STAGE capacity TIMEOUT_S [ARGS...]       `qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml` (resumes)
 #   STAGE router TIMEOUT_S                   bench/router_bench.py (4 rounds of 2,000 requests at 200/s)
