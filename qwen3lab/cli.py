@@ -266,7 +266,7 @@ def runs(
         except Qwen3LabError as exc:
             _fail(exc)
     if as_json:
-        sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2) + "\n")
+        sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2, double_precision=15) + "\n")
     else:
         console.print(terminal.runs_table(df))
 

@@ -135,6 +135,11 @@ MIGRATIONS: list[str] = [
     # 8: the objectives of a search's study on each of its rows ("capacity,p95_ttft_ms"): a reader of the
     # rows alone (the dashboard) knows what value2 is and which way each is better, so it can draw the front
     "ALTER TABLE search_trials ADD COLUMN objectives VARCHAR;",
+    # 9: the attention backend and FlashAttention version vLLM says it ran (its log), beside the one asked for
+    """
+    ALTER TABLE runs ADD COLUMN attention_backend VARCHAR;
+    ALTER TABLE runs ADD COLUMN flash_attn_version INTEGER;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",

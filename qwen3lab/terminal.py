@@ -69,14 +69,28 @@ def results_table(results, db: str) -> Table:
     return t
 
 
+def _attention(row: dict) -> str | None:
+    """The attention backend a run's server logged, with its FlashAttention version: FLASH_ATTN/FA3."""
+    backend, fa = row.get("attention_backend"), row.get("flash_attn_version")
+    if not isinstance(backend, str):
+        return None
+    return backend + (f"/FA{int(fa)}" if fa == fa and fa is not None else "")
+
+
 def runs_table(df) -> Table:
     experiment = None if df.empty else _the_same(df, "experiment")
     vllm = None if df.empty else _the_same(df, "vllm_version")
-    title = f"{len(df)} runs" + (f" of {experiment}" if experiment else "") + (f", vLLM {vllm}" if vllm else "")
+    if not df.empty and "attention_backend" in df:
+        df = df.assign(attention=[_attention(r) for r in df.to_dict("records")])
+    attention = None if df.empty else _the_same(df, "attention")
+    title = f"{len(df)} runs" + (f" of {experiment}" if experiment else "") + (f", vLLM {vllm}" if vllm else "") \
+        + (f", {attention}" if attention else "")
     labels = (() if experiment else ("experiment",)) + ("trial", "status")
     t = _run_table(f"{title} (latencies in ms)", labels)
     if not vllm:
         t.add_column("vLLM")
+    if not attention:
+        t.add_column("attention")
     if not df.empty and "validity" in df:  # an unreliable measurement says so beside its reason
         df = df.assign(reason=[" · ".join(x for x in (r, v) if isinstance(x, str) and x)
                                for r, v in zip(df.reason, df.validity)])
@@ -87,6 +101,7 @@ def runs_table(df) -> Table:
         cells = ([] if experiment else [str(row.get("experiment"))])
         cells += [f"{row.get('chapter')}/{row.get('trial')}", row["status"], *_metric_cells(row), row["run_id"]]
         cells += [] if vllm else [str(row.get("vllm_version") or "-")]
+        cells += [] if attention else [row.get("attention") or "-"]
         t.add_row(*cells, *([str(row.get("reason") or "")] if reasons else []))
     return t
 

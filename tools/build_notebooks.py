@@ -213,8 +213,9 @@ recipe's "rebuild") does not change vLLM's speed: "comparing FlashAttention buil
     [
     code('''\
 builds = ch.table()
-builds[[c for c in ("trial", "status", "reason", "vllm_version", "output_throughput", "p95_ttft_ms", "run_id")
-        if c in builds]] if not builds.empty else builds'''),
+# attention_backend and flash_attn_version: what each server logged it ran, not only what the trial asked for
+builds[[c for c in ("trial", "status", "reason", "vllm_version", "attention_backend", "flash_attn_version",
+                    "output_throughput", "p95_ttft_ms", "run_id") if c in builds]] if not builds.empty else builds'''),
     code('''\
 runs = ch.runs()
 pythons = runs.python_executable.dropna().unique() if "python_executable" in runs else []

@@ -1,9 +1,10 @@
 """Write a copy of an experiment file keeping only the named trials, in chapter order.
 
-    python tools/experiment_slice.py SRC DST CHAPTER/TRIAL[:num_requests=N] ...
+    python tools/experiment_slice.py SRC DST CHAPTER/TRIAL[:num_requests=N] ... | CHAPTER ...
 
 `:num_requests=N` cuts that trial's measured requests (GPU time is scarce: cut requests, not chapters); the
-trial is then a different trial (its key includes the workload), stored beside the full one.
+trial is then a different trial (its key includes the workload), stored beside the full one. A bare CHAPTER
+keeps all its trials.
 """
 import sys
 import yaml
@@ -13,6 +14,9 @@ doc = yaml.safe_load(open(src))
 want: dict[str, dict[str, int | None]] = {}
 for k in keep:
     name, _, cut = k.partition(":num_requests=")
+    if "/" not in name:  # a whole chapter
+        want[name] = {t["name"]: None for t in doc["chapters"][name]["trials"]}
+        continue
     ch, tr = name.split("/")
     want.setdefault(ch, {})[tr] = int(cut) if cut else None
 chapters = {}

@@ -4,7 +4,14 @@
 # .gpukit/gpu/slice.py) and `git archive` of the commit measured (.gpukit/gpu/q3src.tar.gz) carried beside it.
 #   STAGE copy                               the carried kit parts into /root/kit
 #   STAGE run TIMEOUT_S CHAPTER/TRIAL...     `qwen3lab run` on a copy of the H200 experiment cut to those trials
-#   STAGE sweep TIMEOUT_S CHAPTER/TRIAL...   `qwen3lab sweep` (papermill, executed notebooks) on the same cut
+#                                            (a bare CHAPTER: all its trials)
+#   STAGE sweep TIMEOUT_S CHAPTER/TRIAL...   `qwen3lab sweep` (papermill, executed notebooks) on the same cut; the
+#                                            image lacks papermill, ipykernel and plotly: carry their wheels as
+#                                            .gpukit/gpu/nbwheels/ (installed once); the executed notebooks come
+#                                            back under $OUT/notebooks/. The attention chapters (issue 31):
+#                                            `run 520 attention_and_builds` until its 8 launches are in (resumes),
+#                                            the same for attention_long_prompts, then `sweep 300 attention_and_builds
+#                                            attention_long_prompts` executes notebook 60 on the stored runs
 #   STAGE tests TIMEOUT_S PYTEST_K           `make test-gpu`'s tests (PYTEST_K: pytest -k, "" for all)
 #   STAGE capacity TIMEOUT_S [ARGS...]       `qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml` (resumes)
 #   STAGE router TIMEOUT_S                   bench/router_bench.py (4 rounds of 2,000 requests at 200/s)
@@ -33,15 +40,23 @@ python3 -c 'import sys, tarfile; print(tarfile.open(sys.argv[1]).pax_headers.get
     .gpukit/gpu/q3src.tar.gz > $K/qwen3lab/COMMIT
 [ -f $DB ] || cp experiments/results/h200-qwen3-14b.duckdb $DB
 source $K/env.sh
+if [ -d .gpukit/gpu/nbwheels ] && [ ! -d /root/nbsite/papermill ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/nbsite .gpukit/gpu/nbwheels/*.whl \
+      2>&1 | tail -3
+fi
+[ -d /root/nbsite ] && export PYTHONPATH="$PYTHONPATH:/root/nbsite"   # after the kit's: its pins come first
 cd $K/qwen3lab
 T=$1; shift
+touch "$DB.stamp"
 case "$STAGE" in
   run|sweep)
     python3 $R/.gpukit/gpu/slice.py experiments/h200-qwen3-14b.yaml experiments/h200-qwen3-14b-slice.yaml "$@" 2>&1
     timeout --signal=INT --kill-after=30 $T python3 -m qwen3lab $STAGE experiments/h200-qwen3-14b-slice.yaml \
         --db $DB --runs-dir /root/runs > "$OUT/$STAGE.log" 2>&1
     echo "$STAGE rc=$?"
-    tail -c 6000 "$OUT/$STAGE.log" ;;
+    tail -c 6000 "$OUT/$STAGE.log"
+    mkdir -p "$OUT/notebooks"   # the executed notebooks of this call (a cut call's are written too, marked)
+    find /root/runs -name '*.ipynb' -newer "$DB.stamp" -exec cp {} "$OUT/notebooks/" \; 2>/dev/null ;;
   capacity)
     timeout --signal=INT --kill-after=30 $T python3 -m qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml \
         --db $DB --runs-dir /root/runs --json "$@" > "$OUT/capacity.json" 2> "$OUT/capacity.log"

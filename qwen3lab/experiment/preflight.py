@@ -34,6 +34,7 @@ class Machine:
     numa_nodes: int = 1
     has_numactl: bool = False
     cpu_flags: frozenset[str] | None = None  # /proc/cpuinfo flags of this host; None = not known (judged elsewhere)
+    here: bool = False  # the builds trials name are on this machine (their attention backends can be read)
 
     @classmethod
     def local(cls) -> "Machine":
@@ -44,7 +45,7 @@ class Machine:
         cc = tuple(gpus[0]["compute_capability"]) if gpus and gpus[0].get("compute_capability") else None
         return cls(device="cuda" if gpus else "cpu", gpu_name=gpus[0]["name"] if gpus else None,
                    compute_capability=cc, gpu_count=len(gpus), numa_nodes=probe.get("numa_nodes", 1),
-                   has_numactl=shutil.which("numactl") is not None, cpu_flags=hardware.cpu_flags())
+                   has_numactl=shutil.which("numactl") is not None, cpu_flags=hardware.cpu_flags(), here=True)
 
     @classmethod
     def for_gpu(cls, gpu_id: str) -> "Machine":
@@ -171,7 +172,7 @@ def _machine_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, 
     notes: list[str] = []
     device = _cpu_rules(cfg, info, machine, where, errors) if machine.device == "cpu" else \
         _gpu_rules(cfg, info, machine, where, errors, notes)
-    host = _host_rules(cfg, machine, where, errors)  # its errors count even where the device skips
+    host = _host_rules(cfg, machine, where, errors, notes)  # its errors count even where the device skips
     return errors, device or host, notes
 
 
@@ -219,8 +220,9 @@ def _gpu_rules(cfg: EngineConfig, info: ModelInfo | None, machine: Machine, wher
     return None
 
 
-def _host_rules(cfg: EngineConfig, machine: Machine, where: str, errors: list[SpecError]) -> str | None:
-    """CPU or GPU alike: numactl and the NUMA node, the vLLM build's python."""
+def _host_rules(cfg: EngineConfig, machine: Machine, where: str, errors: list[SpecError],
+                notes: list[str]) -> str | None:
+    """CPU or GPU alike: numactl and the NUMA node, the vLLM build's python and the attention backends it has."""
     skip = None
     if cfg.numa_node is not None:
         if not machine.has_numactl:
@@ -230,6 +232,15 @@ def _host_rules(cfg: EngineConfig, machine: Machine, where: str, errors: list[Sp
                                     "pick a node that exists (see `numactl --hardware`)", where))
     if cfg.python is not None and not Path(cfg.python).exists():
         skip = skip or f"the vLLM build {cfg.python} does not exist on this machine"
+    elif machine.here:
+        from qwen3lab.measure import attention
+
+        if error := attention.env_error(cfg, where):
+            errors.append(error)
+        skip = skip or attention.refusal(cfg, machine.device)
+    elif cfg.attention_backend:
+        notes.append(f"attention backend {cfg.attention_backend}: checked against the build where it runs "
+                     "(a build without it is skipped there, naming the ones it has)")
     return skip
 
 

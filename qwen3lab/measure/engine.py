@@ -34,6 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from qwen3lab.errors import EngineError, SpecError
+from qwen3lab.measure import attention
 from qwen3lab.redact import REDACTED
 from qwen3lab.models import BUILTIN_PREFIX, default_tokenizer, resolve_model_path
 from qwen3lab.experiment.spec import EndpointConfig, EngineConfig
@@ -377,6 +378,7 @@ class Server:
         if m := _MAX_CONC.findall(text):
             self.info["max_concurrency"] = float(m[-1][1])
         self.info["compile_cache"] = next((state for state, line in _COMPILE_CACHE if line in text), None)
+        self.info.update(attention.used(text))  # what vLLM ran, not only what was asked
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the whole process group; wait until no process and no listening port is left."""

@@ -302,7 +302,9 @@ def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
              "torch_version": build.torch_version if build else None,
              "python_executable": build.python if build else None,
              "vllm_kv_tokens": server.info.get("kv_cache_tokens"), "start_s": server.info.get("start_s"),
-             "compile_cache": server.info.get("compile_cache")}
+             "compile_cache": server.info.get("compile_cache"),
+             "attention_backend": server.info.get("attention_backend"),
+             "flash_attn_version": server.info.get("flash_attn_version")}
     if server.info.get("emulation"):  # the utilization that capped memory to the target card's budget
         fields["info_json"] = extra["info_json"] = {**fields["info_json"], "emulation": server.info["emulation"]}
     refused: list[str | None] = [_try_store(store.update_run, run_id, **hide(extra))]

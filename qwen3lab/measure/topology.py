@@ -130,8 +130,21 @@ def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: f
         server.info = {"version": short.info.get("version"), "max_model_len": long.info.get("max_model_len"),
                        "kv_cache_tokens": sum(s.info.get("kv_cache_tokens") or 0 for s in servers.values()) or None,
                        "routes": {n: dict(s.info, exec_argv=s.exec_argv) for n, s in servers.items()},
+                       **attention_of(servers),
                        "router_argv": rc.argv(), "threshold_tokens": config.topology.threshold_tokens}
         yield server
+
+
+def attention_of(servers: dict) -> dict:
+    """The attention backend and FlashAttention version the routes' servers logged: the one value where they
+    agree, else each route's (short:FLASH_ATTN long:TRITON_ATTN)."""
+    out = {}
+    for key in ("attention_backend", "flash_attn_version"):
+        values = {s.info.get(key) for s in servers.values()}
+        out[key] = values.pop() if len(values) == 1 else None
+    if out["attention_backend"] is None and any(s.info.get("attention_backend") for s in servers.values()):
+        out["attention_backend"] = " ".join(f"{n}:{s.info.get('attention_backend')}" for n, s in servers.items())
+    return out
 
 
 def launch_command(config: EngineConfig) -> str:

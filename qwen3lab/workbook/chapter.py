@@ -37,7 +37,8 @@ NOTEBOOKS: dict[str, str | None] = {
 CHAPTER_NOTEBOOK = {chapter: stem for stem, chapter in NOTEBOOKS.items() if chapter}
 RUN_COLUMNS = ["chapter", "trial", "status", "reason", "validity", "output_throughput", "request_throughput", "median_ttft_ms",
                "p95_ttft_ms", "median_tpot_ms", "p99_e2el_ms", "request_goodput", "completed", "failed",
-               "vllm_kv_tokens", "vllm_version", "launch_command", "run_id", "notebook_path"]
+               "vllm_kv_tokens", "vllm_version", "attention_backend", "flash_attn_version", "launch_command", "run_id",
+               "notebook_path"]
 
 
 def notebook_for(chapter_name: str, chapter: xp.Chapter | None = None) -> str | None:
