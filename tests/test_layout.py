@@ -8,13 +8,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "qwen3lab"
 # Lower layers never import higher ones (README, Layout). Within a layer any import is fine, cycles are not.
 LAYERS = [
-    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store"],
+    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink"],
     ["experiment.files", "analysis.metrics", "analysis.selection", "analysis.comparable", "analysis.stats",
      "measure.workload", "measure.telemetry", "measure.engine", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
      "analysis.drift", "measure.router"],
-    ["measure.loadgen", "measure.topology", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
+    ["measure.loadgen", "measure.topology", "measure.provenance", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
      "measure.capacity", "measure.search", "measure.soak"],
     ["analysis.export", "analysis.importers", "analysis.plots", "analysis.wording", "analysis.efficiency"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",

@@ -26,7 +26,7 @@ from typing import Any
 from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.experiment.spec import Trial
 from qwen3lab.analysis import selection
-from qwen3lab.measure import executor, runner
+from qwen3lab.measure import executor, provenance, runner
 from qwen3lab.store import Store
 
 SLOT = "vllm_slot"
@@ -299,7 +299,7 @@ def job_for(gpu_id: str | None, runs_dir: str | Path, experiment_path: str | Pat
     return {"gpu_id": gpu_id, "runs_dir": str(Path(runs_dir).resolve()),
             "experiment_path": str(experiment_path) if experiment_path else None,
             # what only the driver knows: the experiment file's commit, and OMP_NUM_THREADS as the user set it
-            "overrides": {"git_commit": runner.git_commit(str(experiment_path) if experiment_path else None)},
+            "overrides": {"git_commit": provenance.git_commit(str(experiment_path) if experiment_path else None)},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
