@@ -14,8 +14,9 @@ LAYERS = [
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
      "analysis.drift", "measure.router"],
-    ["measure.loadgen", "measure.topology", "measure.provenance", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
-     "measure.capacity", "measure.search", "measure.soak"],
+    ["measure.events", "measure.loadgen", "measure.topology", "measure.provenance", "measure.runner",
+     "measure.schedule", "measure.executor", "measure.ray_worker", "measure.ray_executor", "measure.capacity",
+     "measure.suggestions", "measure.search", "measure.soak"],
     ["analysis.export", "analysis.importers", "analysis.plots", "analysis.wording", "analysis.efficiency"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
      "dashboard_launch", "cli", "__main__", "kuberay"],
