@@ -110,14 +110,14 @@ class Schedule:
         self.queue = deque(Launch(t, self.verdicts[t.key], r) for t, r in interleave(planned.trials, needed))
         # repeats: auto, chapter by chapter: at most the extra launches max_repeats allows, however the store
         # counts (a launch whose row DuckDB refused must not be asked for again and again)
-        self.auto = []
+        self.auto: deque[tuple[list[Trial], int]] = deque()
         for chapter in dict.fromkeys(t.chapter for t in planned.trials):
             mine = [v.trial for v in planned.verdicts if v.trial.chapter == chapter and v.ok]
             allowed = sum((t.max_repeats or t.repeats) - t.repeats for t in mine)
             if allowed > 0:
-                self.auto.append([mine, allowed])
+                self.auto.append((mine, allowed))
         self.started = self.in_flight = 0
-        self.listener.started(planned.experiment.name, len(self.queue))
+        self.listener.started(planned.experiment.name, len(self.queue) + len(self.results))
         for r in self.results:
             self.listener.resumed(r.trial, f"{r.status} earlier (run {r.run_id}), not run again")
 
@@ -131,19 +131,17 @@ class Schedule:
             return None  # repeats: auto reads the ended launches only
         while self.auto:
             mine, allowed = self.auto[0]
-            extra = self.more(self.store, mine)
+            extra = self.more(self.store, mine) if allowed > 0 else None
             if extra is None:
-                self.auto.pop(0)  # the chapter's verdict stands
+                self.auto.popleft()  # the chapter's verdict stands, or its extra launches are spent
                 continue
-            self.auto[0][1] -= 1
-            if self.auto[0][1] <= 0:
-                self.auto.pop(0)
+            self.auto[0] = (mine, allowed - 1)
             self.listener.extra_launch(extra, f"the leading two cannot be told apart yet; one more launch "
                                        f"(auto, at most {extra.max_repeats})")
             launch = Launch(extra, self.verdicts[extra.key], None)
             if self._allowed(launch):
                 return launch
-            self.auto = self.auto[1:] if self.auto and self.auto[0][0] is mine else self.auto  # out of max_trials
+            self.auto.popleft()  # out of max_trials
         return None
 
     def _allowed(self, launch: Launch) -> bool:
@@ -161,5 +159,5 @@ class Schedule:
         self.in_flight -= 1
         self.results.append(result)
         if launch.round is None and result.status != "ok" and self.auto \
-                and launch.trial.key in {t.key for t in self.auto[0][0]}:
-            self.auto.pop(0)  # a failing extra launch would be asked for again and again
+                and self.auto[0][0][0].chapter == launch.trial.chapter:
+            self.auto.popleft()  # a failing extra launch would be asked for again and again
