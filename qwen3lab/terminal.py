@@ -137,7 +137,9 @@ class Progress(Listener):
 
     def __init__(self, console):
         self.bar = progress_bar(console)
-        super().__init__(log=lambda text: self.bar.console.print(text, markup=False, highlight=False))
+        # a log line is printed whole (soft_wrap): a terminal folds it, a pipe or a log file keeps it greppable
+        super().__init__(log=lambda text: self.bar.console.print(text, markup=False, highlight=False,
+                                                                 soft_wrap=True))
         self.overall = None
         self.total: int | None = None
         self.tasks: dict[str, list] = {}  # each unit's bars, oldest first (two launches of a trial may overlap)
@@ -158,7 +160,8 @@ class Progress(Listener):
             self.bar.advance(self.overall)
 
     def resumed(self, trial, text) -> None:
-        self.bar.console.print(f"= {label(trial)}: {text}", style="dim", markup=False, highlight=False)
+        self.bar.console.print(f"= {label(trial)}: {text}", style="dim", markup=False, highlight=False,
+                               soft_wrap=True)
         self._advance()
 
     def left_out(self, trial, why) -> None:
@@ -180,7 +183,8 @@ class Progress(Listener):
             self.bar.advance(self.tasks[label(trial)][0], count)
 
     def point(self, trial, text) -> None:
-        self.bar.console.print(f"    {label(trial)} {text}", style="dim", highlight=False, markup=False)
+        self.bar.console.print(f"    {label(trial)} {text}", style="dim", highlight=False, markup=False,
+                               soft_wrap=True)
         if self.tasks.get(label(trial)):
             self.bar.update(self.tasks[label(trial)][0], description=_short(f"  {label(trial)}: {text}"))
 
@@ -189,7 +193,7 @@ class Progress(Listener):
             self.bar.remove_task(self.tasks[label(trial)].pop(0))
         colour = self.STATUS_COLOUR.get(status, "red")
         self.bar.console.print(f"[{colour}]{status:>9}[/] {label(trial)}", end="", highlight=False)
-        self.bar.console.print(f": {text}" if text else "", highlight=False, markup=False)
+        self.bar.console.print(f": {text}" if text else "", highlight=False, markup=False, soft_wrap=True)
         self._advance()
 
 
