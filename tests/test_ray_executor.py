@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -391,7 +392,8 @@ def test_sweep_on_ray_measures_on_the_cluster_then_the_notebooks_find_the_runs(c
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     rows = runs_of(db)
     assert sorted((r["trial"], r["status"]) for r in rows) == [("a", "ok")] * 2 + [("b", "ok")] * 2, rows
-    assert got.stdout.count("ok baseline/a: (run ") == 2, got.stdout[-3000:]  # each launch told as it ended
+    told = re.findall(r"^ +ok baseline/(a|b): on .* \(run ", got.stdout, re.M)  # each launch, as it ended
+    assert sorted(told) == ["a", "a", "b", "b"], got.stdout[-3000:]
     # measured on the cluster's nodes (an endpoint trial reserves a CPU, not a slot: the head may take one)
     nodes_used = {Store(db).run(r["run_id"])["info"]["ray"]["node_id"] for r in rows}
     assert nodes_used <= {n.node_id for n in [c.head_node, *nodes]}
