@@ -84,7 +84,7 @@ def run(
             planned.raise_errors()
             return
         planned.raise_errors()
-        with terminal.TrialProgress(console) as progress:
+        with terminal.Progress(console) as progress:
             if on_ray:
                 from qwen3lab.measure import ray_executor
 
@@ -137,10 +137,10 @@ def sweep(
                 from qwen3lab.measure import executor, ray_executor
                 from qwen3lab.store import Store
 
-                with terminal.TrialProgress(console) as progress:
+                with terminal.Progress(console) as progress:
                     ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
                                          address, runs_dir, retry_failed, listener=progress)
-            with terminal.SweepProgress(console) as progress:
+            with terminal.Progress(console) as progress:
                 result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
@@ -171,7 +171,7 @@ def capacity(
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     _check_executor(executor_kind, address)
     try:
-        with terminal.CapacityProgress(err) as listener:
+        with terminal.Progress(err) as listener:
             if executor_kind == "ray":
                 from qwen3lab.measure import ray_executor
 
@@ -205,9 +205,8 @@ def soak(
     # SIGTERM stops like Ctrl-C: the window in flight is stored as interrupted, the server torn down.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with terminal.SoakProgress(err) as listener:
-            result = sk.run_soak(experiment, db, trial, duration, window, max_restarts, runs_dir,
-                                 on_window=listener.window, log=listener.bar.console.print)
+        with terminal.Progress(err) as listener:
+            result = sk.run_soak(experiment, db, trial, duration, window, max_restarts, runs_dir, listener)
     except Qwen3LabError as exc:
         _fail(exc)
     _print(result.as_dict(), as_json, lambda: terminal.soak_table(result))
@@ -238,7 +237,7 @@ def search(
     # SIGTERM stops like Ctrl-C: the running server is torn down and the trial stored as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with terminal.SearchProgress(err) as listener:
+        with terminal.Progress(err) as listener:
             result = se.run_search(str(experiment), db, str(runs_dir), budget_trials, budget_s, fresh, listener,
                                    executor_kind, address)
     except Qwen3LabError as exc:

@@ -226,6 +226,11 @@ def now() -> datetime:
 
 
 class Store:
+    """A DuckDB file; the RunSink (sink.py) a run writes through when it runs where the file is."""
+
+    flush_every_s = 30.0  # each write during a load stalls the client that times the streams: long loads only
+    keeps_spool = False  # a run's rows are here once written: its spool goes when it ends
+
     def __init__(self, path: str | os.PathLike = DEFAULT_DB):
         self.path = str(Path(path).expanduser())
         self._migrated = False

@@ -25,10 +25,12 @@ from qwen3lab.experiment import files as xp
 from qwen3lab import workbook
 from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.measure import executor
+from qwen3lab.measure.events import Listener
 
 # How long a kernel that was asked to stop may take to finish its trial (stop vLLM, write the run row).
 KERNEL_SHUTDOWN_WAIT_S = 90.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+STOPPED = "sweep stopped; run the same command again to resume"
 
 
 def notebooks_dir() -> Path:
@@ -181,30 +183,10 @@ def _kernel_manager_class():
     return PatientKernelManager
 
 
-class SweepListener:
-    """What `sweep` tells its caller (the CLI's progress bar): each notebook's start, its kernel's printed lines,
-    its end, and a stop between notebooks."""
-
-    def started(self, experiment: str, executions: list[Execution]) -> None:
-        pass
-
-    def notebook_started(self, ex: Execution) -> None:
-        pass
-
-    def kernel_line(self, ex: Execution, line: str) -> None:
-        """One line the notebook printed (the workbook's per-trial lines)."""
-
-    def notebook_finished(self, ex: Execution) -> None:
-        pass
-
-    def stopped(self) -> None:
-        """Stopped between two notebooks (nothing running, nothing lost) or after an interrupted one."""
-
-
 class _KernelLines:
     """The kernel's stdout, handed to the listener line by line."""
 
-    def __init__(self, listener: SweepListener, ex: Execution):
+    def __init__(self, listener: Listener, ex: Execution):
         self.listener, self.ex, self.buffer = listener, ex, ""
 
     def write(self, text: str) -> None:
@@ -212,7 +194,7 @@ class _KernelLines:
         *lines, self.buffer = self.buffer.split("\n")
         for line in lines:
             if line.strip():
-                self.listener.kernel_line(self.ex, line)
+                self.listener.point(self.ex.notebook, line)
 
     def flush(self) -> None:
         pass
@@ -234,12 +216,13 @@ def _raise_interrupt(signum, frame):  # SIGTERM between notebooks: stop like Ctr
 
 def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only: list[str] | None = None,
           runs_dir: str = "runs", retry_failed: bool = False, params: dict[str, Any] | None = None,
-          listener: SweepListener | None = None, kernel_name: str = "python3", with_environment: bool = True,
+          listener: Listener | None = None, kernel_name: str = "python3", with_environment: bool = True,
           with_report: bool = True, execution_timeout: float | None = None) -> SweepResult:
-    """Execute the experiment's chapters as notebooks, in order; a failed chapter does not stop the others."""
+    """Execute the experiment's chapters as notebooks, in order; a failed chapter does not stop the others.
+    The listener hears of each notebook as a unit (launching, its kernel's lines as points, finished)."""
     import papermill as pm
 
-    listener = listener or SweepListener()
+    listener = listener or Listener()
     params = dict(params or {})
     if retry_failed:
         params["retry_failed"] = True
@@ -252,9 +235,9 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *([env_path] if env_path else [])])
     result = SweepResult(exp.name, execs)
     try:
-        listener.started(exp.name, execs)
+        listener.started(f"sweep {exp.name}", len(execs))
         for ex in execs:
-            listener.notebook_started(ex)
+            listener.launching(ex.notebook, "executing")
             ex.output_path.parent.mkdir(parents=True, exist_ok=True)
             t0 = time.monotonic()
             signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -271,13 +254,14 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
             finally:
                 ex.seconds = time.monotonic() - t0
                 signal.signal(signal.SIGTERM, _raise_interrupt)
-            listener.notebook_finished(ex)
+            listener.finished(ex.notebook, ex.status, f"({ex.seconds:.0f} s) -> {ex.output_path}"
+                              + (f"; {ex.error}" if ex.error else ""))
             if ex.status == "interrupted":
-                listener.stopped()
+                listener.log(STOPPED)
                 break
     except KeyboardInterrupt:  # between two notebooks: nothing is running, nothing is lost
         result.stopped = True
-        listener.stopped()
+        listener.log(STOPPED)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ["PYTHONPATH"] = env_path

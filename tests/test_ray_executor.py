@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from .conftest import REPO, tiny_config, vllm_processes as _descendants
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from qwen3lab.measure import executor, ray_executor  # noqa: E402
+from qwen3lab.measure import events, executor, ray_executor  # noqa: E402
 
 ENGINE = ('{model: builtin:qwen3-tiny, load_format: dummy, max_model_len: 1024, enforce_eager: true, '
           'env: {VLLM_CPU_KVCACHE_SPACE: "1"}}')
@@ -297,7 +298,7 @@ def test_a_killed_drivers_runs_are_recovered_before_resume_looks(cluster, tmp_pa
 
     lines = []
     results = ray_executor.execute(executor.plan(path, only=["main"], for_written_gpu=True), Store(db),
-                                   runs_dir=tmp_path / "runs", listener=executor.Listener(lines.append))
+                                   runs_dir=tmp_path / "runs", listener=events.Listener(lines.append))
     assert [(r.trial.name, r.run_id, r.reason) for r in results] == [
         ("ended", runs["ended"], "already measured (resumed)")], lines
     ended, cut = store.run(runs["ended"]), store.run(runs["cut"])
@@ -370,8 +371,9 @@ def test_cli_refuses_what_the_ray_executor_cannot_honour(tmp_path):
 
 def test_sweep_on_ray_measures_on_the_cluster_then_the_notebooks_find_the_runs(cluster, tiny_server, tmp_path):
     """`qwen3lab sweep --executor ray`, the command a user types: the chapter's trials run as Ray tasks (two
-    endpoint trials against the session's server), then the chapter notebook, executed by
-    papermill, finds them stored and runs nothing again; the report notebook follows."""
+    endpoint trials against the session's server, `repeats: 2`: two launches each, as the local executor
+    makes them), then the chapter notebook, executed by papermill, finds them stored and runs nothing again;
+    the report notebook follows."""
     from qwen3lab.models import resolve_model_path
 
     c, nodes = cluster
@@ -381,14 +383,17 @@ def test_sweep_on_ray_measures_on_the_cluster_then_the_notebooks_find_the_runs(c
                     f"engine: {{kind: endpoint, url: '{tiny_server.base_url}', model: '{tiny_server.model_name}', "
                     f"tokenizer: '{tokenizer}'}}\n"
                     "workload: {num_requests: 6, warmup_requests: 0, mix: fixed-128, concurrency: 2}\n"
-                    "chapters:\n  baseline:\n    trials: [{name: a, workload.seed: 1}, {name: b, workload.seed: 2}]\n")
+                    "chapters:\n  baseline:\n    repeats: 2\n"
+                    "    trials: [{name: a, workload.seed: 1}, {name: b, workload.seed: 2}]\n")
     db, runs = tmp_path / "sweep.duckdb", tmp_path / "runs"
     got = subprocess.run([sys.executable, "-m", "qwen3lab.cli", "sweep", str(path), "--only", "baseline", "--db",
                           str(db), "--runs-dir", str(runs), "--executor", "ray", "--address", c.address],
                          capture_output=True, text=True, cwd=REPO, timeout=900)
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     rows = runs_of(db)
-    assert sorted((r["trial"], r["status"]) for r in rows) == [("a", "ok"), ("b", "ok")], rows
+    assert sorted((r["trial"], r["status"]) for r in rows) == [("a", "ok")] * 2 + [("b", "ok")] * 2, rows
+    told = re.findall(r"^ +ok baseline/(a|b): on .* \(run ", got.stdout, re.M)  # each launch, as it ended
+    assert sorted(told) == ["a", "a", "b", "b"], got.stdout[-3000:]
     # measured on the cluster's nodes (an endpoint trial reserves a CPU, not a slot: the head may take one)
     nodes_used = {Store(db).run(r["run_id"])["info"]["ray"]["node_id"] for r in rows}
     assert nodes_used <= {n.node_id for n in [c.head_node, *nodes]}

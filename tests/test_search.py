@@ -14,6 +14,7 @@ import yaml
 
 from qwen3lab.experiment import files as xp
 from qwen3lab.measure import search as se
+from qwen3lab.measure import suggestions
 from qwen3lab.store import Store
 
 from .conftest import REPO, TINY
@@ -57,7 +58,7 @@ def test_two_objectives_run_nsga2_and_report_exactly_the_non_dominated_points(tm
         return se.SearchTrial(-1, {}, "complete", value=min(seqs, 16) / 4 + (tokens == 4096) * 0.5,
                               value2=10.0 * seqs + (tokens == 4096) * 5, trial_key=trial.key, run_id=f"run-{seqs}-{tokens}")
 
-    monkeypatch.setattr(se, "_measure", made_up)
+    monkeypatch.setattr(suggestions, "_measure", made_up)
     space = {"engine.max_num_seqs": [4, 8, 16, 32], "engine.max_num_batched_tokens": [2048, 4096]}
     path = _experiment(tmp_path, space, objective=["goodput", "p95_ttft_ms"], budget={"trials": 8})
     store = Store(tmp_path / "s.duckdb")

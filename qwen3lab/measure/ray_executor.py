@@ -8,10 +8,9 @@ rows that arrived, and the trial is tried again on another node (MAX_ATTEMPTS in
 SIGTERM or Ctrl-C marks its runs `interrupted`, and running it again resumes from DuckDB; a driver killed
 (SIGKILL) leaves them `running`, and its next start recovers them as the local executor does (executor.recover;
 ray_worker says from what). A trial that needs resources no node has is a pre-flight error before anything
-runs. `qwen3lab capacity --executor ray` runs each trial's capacity search as one such task (run_capacities).
-
-Lines: a little over 450, because the driver's half of one protocol (what a trial reserves, the cluster's
-pre-flight, submit, replay, loss and retry, interruption) reads best in one place; ray_worker is the node's half.
+runs. Which launches run (resume, `repeats` interleaved, `repeats: auto`, limits) is measure/schedule.py's, as
+for the local executor: this module only places them. `qwen3lab capacity --executor ray` runs each trial's
+capacity search as one such task (run_capacities).
 """
 from __future__ import annotations
 
@@ -25,8 +24,9 @@ from typing import Any
 
 from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.experiment.spec import Trial
-from qwen3lab.analysis import selection
-from qwen3lab.measure import executor, runner
+from qwen3lab.measure import executor, provenance, runner, schedule
+from qwen3lab.measure.events import Listener
+from qwen3lab.measure.schedule import Schedule
 from qwen3lab.store import Store
 
 SLOT = "vllm_slot"
@@ -208,89 +208,72 @@ def _refused_on_node(store: Store, flight: Flight, outcome: dict) -> str:
 
 
 def execute(planned, store: Store, address: str | None = None, runs_dir: str | Path = "runs",
-            retry_failed: bool = False, fresh: bool = False, listener=None,
-            max_attempts: int = MAX_ATTEMPTS) -> list[runner.TrialResult]:
-    """executor.execute on a Ray cluster: every planned trial (plan it with for_written_gpu=True: the trials
-    run on the nodes, not here), with resume; the cluster's fit is checked before any task starts."""
+            retry_failed: bool = False, fresh: bool = False, listener: Listener | None = None,
+            max_attempts: int = MAX_ATTEMPTS, max_trials: int | None = None) -> list[runner.TrialResult]:
+    """executor.execute on a Ray cluster: the same schedule (resume, repeats interleaved, repeats: auto,
+    max_trials), each launch a task, as many at once as the cluster has room for (plan it with
+    for_written_gpu=True: the trials run on the nodes, not here); the cluster's fit is checked first."""
     planned.raise_errors()
-    listener = listener or executor.Listener()
-    gpu_id = planned.experiment.gpu
+    listener = listener or Listener()
+    ray = _checked(planned, address)
+    sched = Schedule(planned, store, executor.auto_launch, retry_failed, fresh, max_trials, listener)
+    with TrialPool(ray, store, job_for(planned.experiment.gpu, runs_dir, planned.path), listener,
+                   max_attempts) as pool:
+        while True:
+            while (launch := sched.next()) is not None:
+                listener.launching(launch.trial, f"on the cluster{launch.label}", executor.expected_requests(launch.trial))
+                pool.submit(launch.trial, tag=launch)
+            if not pool:
+                break
+            for launch, result in pool.step():
+                listener.finished(launch.trial, result.status, executor.told(result))
+                sched.finished(launch, result)
+    order = {t.key: i for i, t in enumerate(planned.trials)}
+    return sorted(sched.results, key=lambda r: order[r.trial.key])
+
+
+def _checked(planned, address: str | None):
+    """Ray, joined, once every trial's demand fits some node of the cluster."""
     ray = connect(address)
-    errors = cluster_errors(planned.trials, gpu_id, ray.nodes())
+    errors = cluster_errors(planned.trials, planned.experiment.gpu, ray.nodes())
     if errors:
         raise SpecErrors(errors)
-    executor.recover(store, listener)  # before resume looks, as the local executor does
-    listener.started(planned)
-    results, todo = [], []
-    for verdict in planned.verdicts:
-        trial = verdict.trial
-        done = None if fresh else selection.previous_run(store, trial.key, retry_failed, runnable_here=verdict.ok)
-        if done:
-            listener.resumed(trial, *done)
-            results.append(runner.TrialResult(trial, done[0], done[1], "already measured (resumed)"))
-        else:
-            todo.append(verdict)
-    with TrialPool(ray, store, job_for(gpu_id, runs_dir, planned.path), listener, max_attempts) as pool:
-        for verdict in todo:
-            pool.submit(verdict.trial, verdict=verdict)
-        while pool:
-            results += [result for _, result in pool.step()]
-    order = {t.key: i for i, t in enumerate(planned.trials)}
-    return sorted(results, key=lambda r: order[r.trial.key])
-
-
-class _CapacityListening(executor.Listener):
-    """TrialPool's listener calls, told to a capacity.Listener (which hears of searches, not launches)."""
-
-    def __init__(self, listener):
-        super().__init__(listener.log)
-        self.inner = listener
-
-    def launching(self, trial, verdict) -> None:
-        self.inner.launching(trial)
-
-    def requests_done(self, trial, count: int) -> None:
-        self.inner.requests_done(count)
-
-    def finished(self, result) -> None:
-        """The search's result is told once it is read back from DuckDB (run_capacities)."""
+    return ray
 
 
 def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
-                   fresh: bool = False, listener=None, address: str | None = None,
+                   fresh: bool = False, listener: Listener | None = None, address: str | None = None,
                    max_attempts: int = MAX_ATTEMPTS) -> list:
     """capacity.run_capacities on a Ray cluster: each trial's capacity search is one task (one server on one
     node for all of its points), as many at once as the cluster has slots; resumes from DuckDB."""
     from qwen3lab.measure import capacity as cap
 
-    listener = listener or cap.Listener()
+    listener = listener or Listener()
     planned = executor.plan(path, only, for_written_gpu=True)
     planned.raise_errors()
     store = Store(db)
-    gpu_id = planned.experiment.gpu
-    ray = connect(address)
-    errors = cluster_errors(planned.trials, gpu_id, ray.nodes())
-    if errors:
-        raise SpecErrors(errors)
-    told = _CapacityListening(listener)
-    executor.recover(store, told)  # a killed driver's points: finished from their spools or interrupted
-    listener.started(planned.experiment.name, len(planned.verdicts))
+    ray = _checked(planned, address)
+    schedule.recover(store, listener)  # a killed driver's points: finished from their spools or interrupted
+    listener.started(f"{planned.experiment.name} capacity", len(planned.verdicts))
     results = {}
-    with TrialPool(ray, store, job_for(gpu_id, runs_dir, planned.path), told, max_attempts) as pool:
+    with TrialPool(ray, store, job_for(planned.experiment.gpu, runs_dir, planned.path), listener,
+                   max_attempts) as pool:
         for verdict in planned.verdicts:
             stored = None if fresh else cap.stored_capacity(store, verdict.trial)
             if stored:
                 results[verdict.trial.key] = stored
-                listener.resumed(stored)
+                listener.resumed(verdict.trial, cap.told_resumed(stored))
             else:
-                pool.submit(verdict.trial, tag=verdict.trial, verdict=verdict, kind="capacity")
+                listener.launching(verdict.trial, "its capacity search on the cluster")
+                pool.submit(verdict.trial, tag=verdict.trial, kind="capacity")
         while pool:
-            for trial, _ in pool.step():
+            for trial, result in pool.step():
                 stored = cap.stored_capacity(store, trial, "measured on the cluster", unfinished=True)
                 if stored is None:  # lost with no attempt left before its row was begun
+                    listener.finished(trial, result.status, result.reason or "")
                     continue
                 results[trial.key] = stored
-                listener.finished(results[trial.key])
+                listener.finished(trial, stored.status, cap.told(stored))
     return [results[t.key] for t in planned.trials if t.key in results]
 
 
@@ -299,7 +282,7 @@ def job_for(gpu_id: str | None, runs_dir: str | Path, experiment_path: str | Pat
     return {"gpu_id": gpu_id, "runs_dir": str(Path(runs_dir).resolve()),
             "experiment_path": str(experiment_path) if experiment_path else None,
             # what only the driver knows: the experiment file's commit, and OMP_NUM_THREADS as the user set it
-            "overrides": {"git_commit": runner.git_commit(str(experiment_path) if experiment_path else None)},
+            "overrides": {"git_commit": provenance.git_commit(str(experiment_path) if experiment_path else None)},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
@@ -323,7 +306,8 @@ def _submit(trial: Trial, job: dict, attempt: int, excluded: tuple[str, ...] = (
 class TrialPool:
     """The trials in flight on the cluster: submit them, then step() until each has an outcome. Lost attempts
     are stored and tried again here; leaving the pool by SIGTERM or Ctrl-C marks its runs interrupted. What
-    happens reaches the caller through an executor.Listener (trials overlap: it is told per trial)."""
+    happens reaches the caller through an events.Listener (trials overlap: it is told per trial); each
+    trial's end is the caller's to tell, once it knows what it was (a launch, a capacity search, a suggestion)."""
 
     def __init__(self, ray, store: Store, job: dict, listener, max_attempts: int = MAX_ATTEMPTS):
         self.ray, self.store, self.job, self.listener, self.max_attempts = ray, store, job, listener, max_attempts
@@ -332,10 +316,7 @@ class TrialPool:
     def __len__(self) -> int:
         return len(self.flights)
 
-    def submit(self, trial: Trial, tag: Any = None, verdict=None, kind: str = "trial") -> None:
-        from qwen3lab.experiment import preflight
-
-        self.listener.launching(trial, verdict or preflight.Verdict(trial))
+    def submit(self, trial: Trial, tag: Any = None, kind: str = "trial") -> None:
         self.flights.append(Flight(trial, 1, _submit(trial, self.job, 1, kind=kind), tag=tag, kind=kind))
 
     def step(self, timeout_s: float = 1.0) -> list[tuple[Any, runner.TrialResult]]:
@@ -356,9 +337,8 @@ class TrialPool:
                 self.flights.remove(flight)
                 retry = self._lost(flight, exc)
                 if retry is None:
-                    result = runner.TrialResult(flight.trial, flight.run_id or "", "lost", "lost; no attempts left")
-                    self.listener.finished(result)
-                    done.append((flight.tag, result))
+                    done.append((flight.tag, runner.TrialResult(flight.trial, flight.run_id or "", "lost",
+                                                                "lost; no attempts left")))
                 else:
                     self.flights.append(retry)
                 continue
@@ -389,10 +369,8 @@ class TrialPool:
                 flight.run_id = _refused_on_node(self.store, flight, outcome)
             self.store.finish_run(flight.run_id, "failed", reason)
         where = f"on {flight.node['node_ip']}" if flight.node.get("node_ip") else None
-        result = runner.TrialResult(flight.trial, flight.run_id or "", status,
-                                    f"{reason} ({where})" if reason and where else reason or where)
-        self.listener.finished(result)
-        return result
+        return runner.TrialResult(flight.trial, flight.run_id or "", status,
+                                  f"{reason} ({where})" if reason and where else reason or where)
 
     def _lost(self, flight: Flight, exc) -> Flight | None:
         """Store a lost attempt with what arrived of it; the next attempt, submitted, or None when none is left."""

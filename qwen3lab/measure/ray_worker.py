@@ -25,7 +25,8 @@ RELAY_NAME = "relay.jsonl"  # every event, beside the runner's own spool.jsonl o
 
 
 class Relay:
-    """The write half of store.Store, run on the node: every call becomes an event the driver replays."""
+    """The RunSink (sink.py) of a run on a Ray node: every call becomes an event the driver replays into its
+    Store."""
 
     flush_every_s = BATCH_S  # an event is a list append: rows go to the driver during the load, not after it
     keeps_spool = True  # a write here is in DuckDB only once the driver replays it: the run keeps its spool
@@ -95,6 +96,10 @@ class Relay:
 
     def add_samples(self, run_id: str, samples) -> None:
         self._emit("add_samples", run_id, [tuple(s) for s in samples])
+
+    def ingest_spool(self, run_id: str, path) -> None:
+        """Nothing to do here: a write is a list append, never refused, so every row was relayed already; the
+        spool is kept (keeps_spool) for the driver's Store.recover."""
 
     # A capacity search on the node: its row is begun and finished on the driver, its points are runs as above.
     def begin_capacity(self, **fields: Any) -> str:

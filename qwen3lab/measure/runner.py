@@ -2,17 +2,14 @@
 
 The run row is written before the server starts (status running) and finished after: ok, failed (did not
 start), oom, timeout (no /health), crashed (died during the load), skipped (cannot run here), or
-interrupted (Ctrl-C). Finished requests are stored right after the load (every FLUSH_EVERY_S during a long
-one), also when it ends in an error or Ctrl-C: nothing is stored, scraped or drawn on the loop that times the
-streams (issue 16; bench/fidelity_bench.py measures it).
-
-Lines: a little over 450 because the run's life (claim, measure, finish) and the flusher that keeps storage
-off the load's loop are one concept: a trial's launches, capacity points and soak windows all go through it.
+interrupted (Ctrl-C). Finished requests are stored right after the load (every RunSink.flush_every_s during a
+long one), also when it ends in an error or Ctrl-C: nothing is stored, scraped or drawn on the loop that times
+the streams (issue 16; bench/fidelity_bench.py measures it). Rows go to a RunSink (sink.py): the Store here,
+a ray_worker.Relay on a Ray node.
 """
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 import traceback
@@ -22,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from qwen3lab import __version__
-from qwen3lab.measure import engine, topology, workload as wl
+from qwen3lab.measure import engine, provenance, topology, workload as wl
 from qwen3lab.hardware import catalogue as hardware
 from qwen3lab.analysis import comparable, metrics, validity
 from qwen3lab.experiment import preflight
@@ -31,14 +28,14 @@ from qwen3lab.measure.loadgen import LoadResult, RequestRecord, run_load, run_sy
 from qwen3lab.experiment.spec import Trial
 from qwen3lab.redact import Redactor
 from qwen3lab.spool import SPOOL_NAME, Spool
-from qwen3lab.store import HEARTBEAT_S, Owner, Store, finish_fields, new_run_id, request_row
+from qwen3lab.sink import RunSink
+from qwen3lab.store import HEARTBEAT_S, Owner, finish_fields, new_run_id, request_row
 from qwen3lab.store import now as store_now
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
 
-# Progress is shown every second; requests are written to DuckDB during a load only every 30 s (long loads,
-# soaks), since each write stalls the client that times the streams (see _Flusher).
+# Progress is shown every second; requests reach the sink during a load only every sink.flush_every_s (see
+# _Flusher).
 PROGRESS_EVERY_S = 1.0
-FLUSH_EVERY_S = 30.0
 
 
 @dataclass
@@ -50,48 +47,19 @@ class TrialResult:
     summary: dict | None = None
 
 
-def git_commit(path: str | None) -> str | None:
-    """Commit of the repository holding the experiment file, with +dirty when it has local changes."""
-    if not path:
-        return None
-    where = str(Path(path).resolve().parent)
-    try:
-        got = subprocess.run(["git", "-C", where, "rev-parse", "--verify", "-q", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        sha = got.stdout.strip()
-        if got.returncode != 0 or not sha:
-            return _archived_commit()
-        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--", str(Path(path).resolve())],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _archived_commit() -> str | None:
-    """Outside a git checkout (a kit's `git archive` copy): the commit written beside the package, as
-    `archive:SHA` (the experiment file's own state is then unknown)."""
-    stamp = Path(__file__).resolve().parents[2] / "COMMIT"
-    try:
-        sha = stamp.read_text().strip()
-    except OSError:
-        return None
-    return f"archive:{sha}" if sha else None
-
-
 class _Flusher:
     """Takes finished records from the event loop (an append, nothing else) and stores them from a thread.
 
     The loop that timestamps streams must not wait for anything: a DuckDB write (a connection, Arrow tables,
     DuckDB's own threads) or a progress bar holds the GIL and the CPU the server needs. So the thread advances
     the progress bar and appends new records to the run's spool (one JSON line, fsync'ed: what a kill leaves)
-    every PROGRESS_EVERY_S, and writes to DuckDB only every FLUSH_EVERY_S (a load of a few hundred requests is
+    every PROGRESS_EVERY_S, and writes to DuckDB only every flush_every_s (a load of a few hundred requests is
     stored once, right after it); leaving the `with` stores the rest, also after an error or Ctrl-C. Records
     are never swapped out: a refused DuckDB write (disk full, the file held elsewhere) is noted in
     `store_error` and retried by the next one; the spool has them meanwhile.
     """
 
-    def __init__(self, store: Store, spool: Spool, run_id: str, progress: Callable[[int], None] | None):
+    def __init__(self, store: RunSink, spool: Spool, run_id: str, progress: Callable[[int], None] | None):
         self.store, self.spool, self.run_id, self.progress = store, spool, run_id, progress
         self.records: list[RequestRecord] = []  # only ever appended to, by the loop
         self.spooled = 0  # records[:spooled] are in the spool
@@ -129,8 +97,7 @@ class _Flusher:
 
     def _loop(self) -> None:
         last_flush = time.monotonic()
-        # A store whose writes cost nothing during the load (the Ray relay) says how often it wants them.
-        every = getattr(self.store, "flush_every_s", FLUSH_EVERY_S)
+        every = self.store.flush_every_s  # the Ray relay's writes cost nothing during the load: often
         while not self.stop.wait(PROGRESS_EVERY_S):
             self.show()
             try:
@@ -164,7 +131,7 @@ def _try_store(write, *args, **kwargs) -> str | None:
 class _Heartbeat:
     """Marks the run row as owned by a live process every HEARTBEAT_S (see store.owner_alive)."""
 
-    def __init__(self, store: Store, run_id: str):
+    def __init__(self, store: RunSink, run_id: str):
         self.store, self.run_id = store, run_id
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="qwen3lab-heartbeat")
@@ -210,19 +177,6 @@ async def _measure(server: engine.Server, requests, trial: Trial, on_done,
                           headers=server.headers, should_stop=should_stop)
 
 
-def _provenance(trial: Trial, experiment_path: str | None, notebook_path: str | None, machine: dict) -> dict:
-    cfg = trial.engine
-    return dict(
-        trial_key=trial.key, experiment=trial.experiment, chapter=trial.chapter, trial=trial.name,
-        baseline=trial.baseline, engine_kind=cfg.kind, model=cfg.model,
-        config_json=cfg.model_dump(mode="json", exclude={"api_key"}), config_hash=cfg.config_hash(),
-        workload_json=trial.workload.model_dump(mode="json"), slo_json=trial.slo.model_dump(mode="json"),
-        tags_json=trial.tags, launch_command=topology.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
-        env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
-        host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
-    )
-
-
 @dataclass
 class Begun:
     """A run row claimed before anything is launched; `skipped` when pre-flight says it cannot run here,
@@ -239,7 +193,7 @@ class Begun:
     logs: list[Path] = field(default_factory=list)  # every log its launch writes (topology.log_paths)
 
 
-def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, notebook_path: str | None = None,
+def begin_run(trial: Trial, store: RunSink, experiment_path: str | None = None, notebook_path: str | None = None,
               machine: preflight.Machine | None = None, gpu_id: str | None = None,
               verdict: preflight.Verdict | None = None, runs_dir: str | Path = "runs",
               since: datetime | None = None, **link) -> Begun:
@@ -260,7 +214,7 @@ def begin_run(trial: Trial, store: Store, experiment_path: str | None = None, no
     run_id = link.pop("run_id", None) or new_run_id()
     own_dir = Path(runs_dir) / run_id
     log_path = Path(link.pop("log_path", None) or own_dir / "server.log")
-    fields = _provenance(trial, experiment_path, notebook_path, probe) | link
+    fields = provenance.run_fields(trial, experiment_path, notebook_path, probe) | link
     fields["info_json"] = {"qwen3lab_version": __version__, "preflight_notes": verdict.notes, "plan": verdict.plan,
                            "machine": probe}
     if verdict.plan:
@@ -289,7 +243,7 @@ class Measured:
     refused: list[str] = field(default_factory=list)  # DuckDB writes refused meanwhile (the spool has them)
 
 
-def measure(server: engine.Server, trial: Trial, store: Store, begun: Begun,
+def measure(server: engine.Server, trial: Trial, store: RunSink, begun: Begun,
             progress: Callable[[int], None] | None = None, on_done: Callable[[RequestRecord], None] | None = None,
             stop_when: Callable[[list], bool] | None = None) -> Measured:
     """Load a running server with the trial's workload; its requests reach the run's spool, then DuckDB.
@@ -396,7 +350,7 @@ def hide_logs(config, log_path: str | Path) -> None:
     Redactor(config).files(topology.log_paths(config, log_path).values())
 
 
-def finish(store: Store, begun: Begun, status: str, reason: str | None, summary: dict | None, extra: dict,
+def finish(store: RunSink, begun: Begun, status: str, reason: str | None, summary: dict | None, extra: dict,
            refused: list[str] = (), log: Callable[[str], None] = print) -> str | None:
     """The run's end: secrets hidden in the kept logs, the last fields spooled, then stored (see _store_final).
     Returns the reason to report."""
@@ -405,7 +359,7 @@ def finish(store: Store, begun: Begun, status: str, reason: str | None, summary:
                         list(refused), log)
 
 
-def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experiment_path: str | None = None,
+def run_trial(trial: Trial, store: RunSink, runs_dir: str | Path = "runs", experiment_path: str | None = None,
               notebook_path: str | None = None, machine: preflight.Machine | None = None,
               progress: Callable[[int], None] | None = None, log: Callable[[str], None] = print,
               ready_timeout_s: float = 900.0, gpu_id: str | None = None,
@@ -435,7 +389,7 @@ def run_trial(trial: Trial, store: Store, runs_dir: str | Path = "runs", experim
     return TrialResult(trial, begun.run_id, status, reason, summary)
 
 
-def _summary(store: Store, run_id: str, flusher: _Flusher, result: LoadResult, trial: Trial) -> dict:
+def _summary(store: RunSink, run_id: str, flusher: _Flusher, result: LoadResult, trial: Trial) -> dict:
     """Metrics over the stored rows; when DuckDB refused some of them, over the same rows built from the
     records in memory (what the spool holds), so a full disk or a held file does not turn a run into a failure."""
     if flusher.store_error is None:
@@ -448,7 +402,7 @@ def _summary(store: Store, run_id: str, flusher: _Flusher, result: LoadResult, t
                              opening_burst(trial.workload))
 
 
-def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: list[str], log) -> str | None:
+def _store_final(store: RunSink, spool: Spool, run_id: str, final: dict, refused: list[str], log) -> str | None:
     """The run's last fields, spooled and then stored; rows DuckDB refused during the load are ingested first.
     When DuckDB still refuses, the row stays `running` under this process: the next start finishes it from
     the spool (Store.recover). Returns the reason to report."""
@@ -459,7 +413,7 @@ def _store_final(store: Store, spool: Spool, run_id: str, final: dict, refused: 
     error = (_try_store(store.ingest_spool, run_id, spool.path) if refused else None) \
         or _try_store(store.update_run, run_id, **final, spool_path=None)
     if error is None:
-        if not getattr(store, "keeps_spool", False):  # a Ray relay: DuckDB has nothing yet (ray_worker.Relay)
+        if not store.keeps_spool:  # a Ray relay's rows are not in DuckDB yet
             spool.remove()
         return final["reason"]
     note = (f"DuckDB refused the run's writes ({error}); everything measured is kept in {spool.path} and is "

@@ -9,46 +9,26 @@ with the reason and never launched. Crashes and OOMs are stored as failed and to
 worst value (a configuration that does not serve has no capacity), so it steers away. Every suggestion is a
 row of `search_trials`; a study resumes from DuckDB alone: stored trials are told to a fresh optuna study,
 and a suggestion that was measured already is answered from the store, never measured again. Suggestions are
-measured here one at a time, or on a Ray cluster as many at once as it has free slots (ask/tell as they end).
-
-Lines: over 450 because the study (space, sampler, resume from DuckDB, budget) and the two ways its suggestions
-are measured share one loop: split, each half would need the other's internals.
+measured here one at a time, or on a Ray cluster as many at once as it has free slots (ask/tell as they end):
+measure/suggestions.py places and measures them; this module is the study (space, sampler, resume, budget).
 """
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from qwen3lab.analysis import selection
 from qwen3lab.errors import SpecError, SpecErrors, require
 from qwen3lab.experiment import files as xp
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import SEARCH_OBJECTIVES, Range, Search, Trial, stable_hash
-from qwen3lab.measure import capacity as cap
-from qwen3lab.measure import engine, runner
+from qwen3lab.measure import engine
+from qwen3lab.measure.events import Listener
+from qwen3lab.measure.suggestions import Here, OnRay, Pending, SearchTrial, told
 from qwen3lab.store import Store
 
 MEASURED = ("complete", "failed")  # states that cost a launch and count towards the budget
 GIVE_UP_AFTER = 25  # suggestions in a row that were pruned or repeated: the feasible space is exhausted
-
-
-@dataclass
-class SearchTrial:
-    number: int
-    params: dict[str, Any]
-    state: str  # complete | pruned | failed | interrupted
-    value: float | None = None
-    value2: float | None = None
-    low: float | None = None
-    high: float | None = None
-    reason: str | None = None
-    trial_key: str | None = None
-    run_id: str | None = None
-    search_id: str | None = None
-    wall_s: float | None = None
 
 
 @dataclass
@@ -124,15 +104,6 @@ def _sampler(search: Search):
     return optuna.samplers.RandomSampler(seed=search.seed)
 
 
-def _told(search: Search, t: SearchTrial) -> list[float] | None:
-    """What the sampler is told of a measured trial: its values, the worst ones for a failure."""
-    worst = [{"maximize": 0.0, "minimize": 1e9}[SEARCH_OBJECTIVES[o]] for o in search.objectives]
-    if t.state == "failed" or t.value is None:
-        return worst
-    # a missing second value is told as the worst one of its direction (a maximized goodput too)
-    return [t.value] + ([t.value2 if t.value2 is not None else worst[1]] if len(search.objectives) == 2 else [])
-
-
 def trials_of(df) -> list[SearchTrial]:
     """Stored `search_trials` rows (of one study) as SearchTrials: a resumed study's history, the dashboard's."""
     import json
@@ -164,80 +135,6 @@ def pareto_front(objectives: list[str], history: list[SearchTrial]) -> list[Sear
     for i, t in enumerate(done):
         study.add_trial(optuna.trial.create_trial(values=[t.value, t.value2], user_attrs={"i": i}))
     return sorted((done[b.user_attrs["i"]] for b in study.best_trials), key=lambda t: t.number)
-
-
-def _measure(search: Search, trial: Trial, verdict, store: Store, runs_dir, path, machine, gpu_id,
-             progress) -> SearchTrial:
-    """Measure one suggested configuration here for the search's objective; the state and values it earned."""
-    t0 = time.monotonic()
-    out = _already_measured(search, trial, store)
-    if out is None and search.objectives[0] == "capacity":
-        got = cap.capacity_of(trial, store, runs_dir, path, machine, gpu_id, progress=progress, verdict=verdict,
-                              done=cap.finished_launches(store, trial))
-        out = capacity_outcome(search, trial, got)
-    elif out is None:
-        got = runner.run_trial(trial, store, runs_dir, experiment_path=path, machine=machine, gpu_id=gpu_id,
-                               verdict=verdict, progress=progress)
-        out = goodput_outcome(search, trial, store, got.run_id, got.status, got.reason, got.summary)
-    out.wall_s = time.monotonic() - t0
-    return out
-
-
-def _already_measured(search: Search, trial: Trial, store: Store) -> SearchTrial | None:
-    """A configuration measured already (by qwen3lab capacity or run, another study): its stored result."""
-    if search.objectives[0] == "capacity":
-        stored = cap.stored_capacity(store, trial)
-        return capacity_outcome(search, trial, stored) if stored else None
-    done = selection.previous_run(store, trial.key, retry_failed=True, runnable_here=True)
-    return goodput_outcome(search, trial, store, done[0]) if done else None
-
-
-def capacity_outcome(search: Search, trial: Trial, got: cap.CapacityResult) -> SearchTrial:
-    """A capacity search's result as what the sampler is told: its capacity, the second objective at it."""
-    second = search.objectives[1] if len(search.objectives) == 2 else None
-    out = SearchTrial(-1, {}, "failed", trial_key=trial.key, search_id=got.search_id, reason=got.reason)
-    if got.status in cap.SEARCH_DONE:
-        out.state, out.value, out.low, out.high = "complete", got.capacity, got.low, got.high
-        at = [p for p in got.points if p.passed and p.load == got.low]
-        if at:
-            out.run_id = at[0].run_id
-            out.value2 = (at[0].summary or {}).get(second) if second else None
-    elif got.status == "interrupted":
-        out.state = "interrupted"
-    return out
-
-
-def goodput_outcome(search: Search, trial: Trial, store: Store, run_id: str, status: str | None = None,
-                    reason: str | None = None, summary: dict | None = None) -> SearchTrial:
-    """A run's result as what the sampler is told: its goodput (and second objective); read back when only
-    its id is given."""
-    if status is None:
-        row = store.run(run_id)
-        status, reason, summary = row["status"], row.get("reason"), row.get("summary")
-    summary = summary or {}
-    second = search.objectives[1] if len(search.objectives) == 2 else None
-    out = SearchTrial(-1, {}, "failed", trial_key=trial.key, run_id=run_id, reason=reason)
-    if status == "ok":
-        out.state, out.value = "complete", summary.get("request_goodput", 0.0)
-        out.value2 = summary.get(second) if second else None
-    elif status == "interrupted":
-        out.state = "interrupted"
-    return out
-
-
-class Listener:
-    """What `run_search` tells its caller (a progress bar, printed lines): execution imports no presentation."""
-
-    def __init__(self, log: Callable[[str], None] | None = None):
-        self.log = log or (lambda text: None)
-
-    def trial_done(self, t: SearchTrial, best: SearchTrial | None, budget_used: int) -> None:
-        value = "-" if t.value is None else f"{t.value:g}"
-        self.log(f"#{t.number} {t.state:>9} {value:>8} {t.params}" + (f" ({t.reason})" if t.reason else "")
-                 + (f"; best so far {best.value:g}" if best else ""))
-
-    def requests_done(self, n: int) -> None:
-        """n more measured requests of the configuration being measured."""
 
 
 def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | None = None,
@@ -276,7 +173,7 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
         key = stable_hash(t.params)
         if t.state in MEASURED:
             by_params[key] = t
-            study.add_trial(optuna.trial.create_trial(params=t.params, distributions=dists, values=_told(search, t)))
+            study.add_trial(optuna.trial.create_trial(params=t.params, distributions=dists, values=told(search, t)))
         elif t.state == "pruned":
             by_params[key] = t
             study.add_trial(optuna.trial.create_trial(params=t.params, distributions=dists,
@@ -286,9 +183,10 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
     result = SearchResult(study_id, search.objectives, list(history), sampler=type(sampler).__name__)
     number = max((t.number for t in history), default=-1) + 1
     started, idle = time.monotonic(), 0
+    listener.started(f"search {study_id}", budget[0])
     here = dict(search=search, store=store, runs_dir=runs_dir, path=str(path), gpu_id=exp.gpu, listener=listener,
                 study_id=study_id)
-    measurer = _OnRay(address=address, **here) if executor == "ray" else _Here(machine=machine, **here)
+    measurer = OnRay(address=address, **here) if executor == "ray" else Here(machine=machine, **here)
 
     def stop_reason() -> str | None:
         used = sum(t.state in MEASURED for t in result.history) + len(measurer)
@@ -302,11 +200,13 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
             return f"{GIVE_UP_AFTER} suggestions in a row were pruned or measured already"
         return None
 
-    def record(got: SearchTrial, asked) -> None:
+    def record(got: SearchTrial, asked, trial: Trial | None) -> None:
         _tell(study, asked, search, got)
         by_params[stable_hash(got.params)] = got
         result.history.append(got)
-        listener.trial_done(got, best_of(search, result.history), sum(t.state in MEASURED for t in result.history))
+        best, value = best_of(search, result.history), "-" if got.value is None else f"{got.value:g}"
+        listener.finished(trial, got.state, f"#{got.number} {value} {got.params}"
+                          + (f" ({got.reason})" if got.reason else "") + (f"; best so far {best.value:g}" if best else ""))
 
     with measurer:
         while True:
@@ -324,14 +224,14 @@ def run_search(path: str, db: str, runs_dir: str = "runs", budget_trials: int | 
                     pending = _judge(exp, search, params, number, study_id, store, machine, asked)
                     number += 1
                     if isinstance(pending, SearchTrial):  # pruned by pre-flight: never launched
-                        record(pending, asked)
+                        record(pending, asked, None)
                         idle += 1
                     else:
                         measurer.submit(pending)
                         idle = 0
                 stop = stop_reason()
             for pending, got in measurer.finished():
-                record(got, pending.asked)
+                record(got, pending.asked, pending.trial)
                 if got.state == "interrupted":
                     raise KeyboardInterrupt
             if stop is not None and not len(measurer) and not measurer.ready:
@@ -366,20 +266,8 @@ def _tell(study, asked, search: Search, t: SearchTrial) -> None:
     if t.state == "pruned" or t.state == "interrupted":
         study.tell(asked, state=optuna.trial.TrialState.PRUNED)
     else:
-        values = _told(search, t)
+        values = told(search, t)
         study.tell(asked, values[0] if len(values) == 1 else values)
-
-
-@dataclass
-class Pending:
-    """A suggestion pre-flight let through, on its way to be measured."""
-
-    number: int
-    params: dict
-    asked: Any  # optuna's trial, told the result
-    trial: Trial
-    verdict: Any
-    started: float = 0.0  # when it was handed to the cluster
 
 
 def _judge(exp, search: Search, params: dict, number: int, study_id: str, store: Store, machine,
@@ -404,126 +292,6 @@ def _judge(exp, search: Search, params: dict, number: int, study_id: str, store:
     store.add_search_trial(**base, state="running", trial_key=trial.key, trial=trial.name,
                            config_hash=trial.engine.config_hash())
     return Pending(number, params, asked, trial, verdict)
-
-
-def _record(store: Store, study_id: str, pending: Pending, got: SearchTrial) -> SearchTrial:
-    got.number, got.params = pending.number, pending.params
-    store.finish_search_trial(study_id, pending.number, got.state, value=got.value, value2=got.value2, low=got.low,
-                              high=got.high, reason=got.reason, run_id=got.run_id, search_id=got.search_id,
-                              wall_s=got.wall_s)
-    return got
-
-
-class _Here:
-    """Measures each suggestion in this process, one at a time (the local executor)."""
-
-    slots = 1
-
-    def __init__(self, search, store, runs_dir, path, gpu_id, listener, study_id, machine):
-        self.search, self.store, self.runs_dir, self.path, self.gpu_id = search, store, runs_dir, path, gpu_id
-        self.listener, self.study_id, self.machine = listener, study_id, machine
-        self.done: list[tuple[Pending, SearchTrial]] = []
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.done)
-
-    def __len__(self) -> int:
-        return 0  # measured as it is submitted: nothing is ever in flight
-
-    def submit(self, pending: Pending) -> None:
-        got = SearchTrial(pending.number, pending.params, "interrupted", reason="stopped by the user",
-                          trial_key=pending.trial.key)
-        try:
-            got = _measure(self.search, pending.trial, pending.verdict, self.store, self.runs_dir, self.path,
-                           self.machine, self.gpu_id, self.listener.requests_done)
-        finally:  # stored even when a signal stops the measurement
-            self.done.append((pending, _record(self.store, self.study_id, pending, got)))
-
-    def finished(self) -> list[tuple[Pending, SearchTrial]]:
-        out, self.done = self.done, []
-        return out
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _OnRay:
-    """Measures suggestions on a Ray cluster, as many at once as it has free slots (ask/tell as they finish):
-    each one is a task (a capacity search on one server, or one launch), its rows stored here."""
-
-    ready = False
-
-    def __init__(self, search, store, runs_dir, path, gpu_id, listener, study_id, address):
-        from qwen3lab.measure import ray_executor
-
-        self.rx, self.search, self.store, self.gpu_id, self.study_id = ray_executor, search, store, gpu_id, study_id
-        self.ray = ray_executor.connect(address)
-        self.kind = "capacity" if search.objectives[0] == "capacity" else "trial"
-        self.pool = ray_executor.TrialPool(self.ray, store, ray_executor.job_for(gpu_id, runs_dir, path),
-                                           _PoolListening(listener))
-        self.slots = 1  # until the first suggestion says what a task needs
-        self.sized = False
-        self.reused: list[tuple[Pending, SearchTrial]] = []
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def submit(self, pending: Pending) -> None:
-        if not self.sized:
-            errors = self.rx.cluster_errors([pending.trial], self.gpu_id, self.ray.nodes())
-            if errors:
-                raise SpecErrors(errors)
-            self.slots, self.sized = max(self.rx.free_slots(self.ray, pending.trial, self.gpu_id), 1), True
-        got = _already_measured(self.search, pending.trial, self.store)
-        if got is not None:
-            self.reused.append((pending, _record(self.store, self.study_id, pending, got)))
-            return
-        pending.started = time.monotonic()
-        self.pool.submit(pending.trial, tag=pending, verdict=pending.verdict, kind=self.kind)
-
-    def finished(self) -> list[tuple[Pending, SearchTrial]]:
-        out, self.reused = self.reused, []
-        if not len(self.pool):
-            return out
-        for pending, result in self.pool.step():
-            if self.kind == "capacity":
-                stored = cap.stored_capacity(self.store, pending.trial, "measured on the cluster", unfinished=True)
-                got = capacity_outcome(self.search, pending.trial, stored) if stored else \
-                    SearchTrial(-1, {}, "failed", reason=result.reason)
-            else:
-                got = goodput_outcome(self.search, pending.trial, self.store, result.run_id, result.status,
-                                      result.reason, self.store.run(result.run_id).get("summary")
-                                      if result.run_id else None)
-            got.wall_s = time.monotonic() - pending.started
-            out.append((pending, _record(self.store, self.study_id, pending, got)))
-        return out
-
-    def __enter__(self):
-        self.pool.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.pool.__exit__(*exc)
-
-
-class _PoolListening:
-    """The Ray pool's listener calls, told to a search Listener (which hears of suggestions, not launches)."""
-
-    def __init__(self, listener: Listener):
-        self.inner, self.log = listener, listener.log
-
-    def launching(self, trial, verdict) -> None:
-        self.log(f"> {trial.name}: on the cluster")
-
-    def requests_done(self, trial, count: int) -> None:
-        self.inner.requests_done(count)
-
-    def finished(self, result) -> None:
-        """Told as a suggestion's result (trial_done) once read back from DuckDB."""
 
 
 def importances(trials, maximize: bool = True) -> dict[str, float]:

@@ -14,7 +14,6 @@ holds the counts and the drift of the last window against the first (analysis/dr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import Trial, Workload
 from qwen3lab.measure import runner, topology
+from qwen3lab.measure.events import Listener
 from qwen3lab.store import Store, now
 
 ENDS = ("ok", "restarts_spent", "failed", "interrupted", "skipped")
@@ -101,9 +101,11 @@ def server_rss_mib(server) -> float | None:
 
 def soak(trial: Trial, store: Store, runs_dir: str | Path, duration_s: float, window_s: float,
          max_restarts: int = 3, experiment_path: str | None = None, machine: preflight.Machine | None = None,
-         gpu_id: str | None = None, on_window: Callable[[Window, SoakResult], None] | None = None,
-         log: Callable[[str], None] = print, ready_timeout_s: float = 900.0, n_boot: int = 1000) -> SoakResult:
-    """Keep `trial`'s configuration under its traffic for `duration_s`, in windows of `window_s` (see module)."""
+         gpu_id: str | None = None, listener: Listener | None = None, ready_timeout_s: float = 900.0,
+         n_boot: int = 1000) -> SoakResult:
+    """Keep `trial`'s configuration under its traffic for `duration_s`, in windows of `window_s` (see module).
+    The listener hears of each server start (launching), each window (point) and the soak's end (finished)."""
+    listener = listener or Listener(print)
     machine = machine or preflight.Machine.local()
     verdict = preflight.check(trial, machine, gpu_id)
     if verdict.errors:
@@ -113,6 +115,7 @@ def soak(trial: Trial, store: Store, runs_dir: str | Path, duration_s: float, wi
                                trial=trial.name, config_hash=cfg.config_hash(), duration_s=duration_s,
                                window_s=window_s, max_restarts=max_restarts)
     result = SoakResult(soak_id, trial)
+    listener.started(f"soak {soak_id}", None)
     if verdict.skip:
         result.status, result.reason = "skipped", verdict.skip
         store.update_soak(soak_id, status="skipped", reason=verdict.skip, ended_at=now())
@@ -122,8 +125,9 @@ def soak(trial: Trial, store: Store, runs_dir: str | Path, duration_s: float, wi
     try:
         while result.left_s(duration_s) > 0 and result.status == "running":
             result.server_starts += 1
+            listener.launching(trial, f"server start {result.server_starts} of soak {soak_id}")
             death = _serve(trial, store, soak_dir / f"server-{result.server_starts}.log", duration_s, window_s,
-                           result, experiment_path, machine, gpu_id, verdict, on_window, ready_timeout_s)
+                           result, experiment_path, machine, gpu_id, verdict, listener, ready_timeout_s)
             if death is None:
                 continue  # the duration is up, or a window was held by another qwen3lab (status set)
             outcome, why = death
@@ -136,7 +140,7 @@ def soak(trial: Trial, store: Store, runs_dir: str | Path, duration_s: float, wi
                 result.reason = f"the server died {result.crashes + result.ooms} times (last: {outcome}: {why}); " \
                                 f"max_restarts={max_restarts}"
             else:
-                log(f"soak {soak_id}: the server died ({outcome}: {why}); starting it again "
+                listener.log(f"soak {soak_id}: the server died ({outcome}: {why}); starting it again "
                     f"({result.restarts + 1} of {max_restarts} restarts)")
         if result.status == "running":
             result.status = "ok"
@@ -157,11 +161,13 @@ def soak(trial: Trial, store: Store, runs_dir: str | Path, duration_s: float, wi
         store.update_soak(soak_id, status=result.status, reason=result.reason, windows=len(result.windows),
                           server_starts=result.server_starts, crashes=result.crashes, ooms=result.ooms,
                           elapsed_s=result.elapsed_s, drift_json=result.drift, ended_at=now())
+        listener.finished(trial, result.status, f"{len(result.windows)} windows, {result.server_starts} server "
+                          f"starts, {result.restarts} restarts" + (f" ({result.reason})" if result.reason else ""))
     return result
 
 
 def _serve(trial, store, log_path, duration_s, window_s, result, experiment_path, machine, gpu_id, verdict,
-           on_window, ready_timeout_s) -> tuple[str, str] | None:
+           listener, ready_timeout_s) -> tuple[str, str] | None:
     """One server start: windows until the duration is up. (outcome, reason) when the server died, else None."""
     try:
         with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server:
@@ -171,11 +177,10 @@ def _serve(trial, store, log_path, duration_s, window_s, result, experiment_path
                 # the last window may be shorter, but not a sliver: under a third of a window joins the one before
                 seconds = left if left < window_s * 4 / 3 else window_s
                 w = _window(trial, seconds, warm, server, store, result, experiment_path, machine, gpu_id,
-                            verdict)
+                            verdict, lambda n: listener.requests_done(trial, n))
                 warm = False
                 result.windows.append(w)
-                if on_window:
-                    on_window(w, result)
+                listener.point(trial, told_window(w, result))
                 if w.status == "held":
                     result.status, result.reason = "failed", w.reason
                     return None
@@ -191,7 +196,22 @@ def _serve(trial, store, log_path, duration_s, window_s, result, experiment_path
             result.up_since = None
 
 
-def _window(trial, seconds, warm, server, store, result, experiment_path, machine, gpu_id, verdict) -> Window:
+def told_window(w: Window, result: SoakResult) -> str:
+    """A window's line: its status and key figures, and where the soak stands."""
+    s = w.summary or {}
+    figures = (f", {s.get('completed', 0)} requests, {s.get('output_throughput') or 0:.0f} tok/s, P95 TTFT "
+               f"{s.get('p95_ttft_ms') or 0:.0f} ms") if s else ""
+    return (f"window {w.index + 1} (server start {w.server_start}): {w.status}{figures}"
+            + (f" ({w.reason})" if w.reason else "") + f"; {len(result.windows)} windows, {result.restarts} "
+            f"restarts, {_under_load_s(result):.0f} s under load")
+
+
+def _under_load_s(result: SoakResult) -> float:
+    return result.loaded_s + (time.monotonic() - result.up_since if result.up_since is not None else 0.0)
+
+
+def _window(trial, seconds, warm, server, store, result, experiment_path, machine, gpu_id, verdict,
+            progress) -> Window:
     wt = window_trial(trial, seconds, warm)
     begun = runner.begin_run(wt, store, experiment_path, None, machine, gpu_id, verdict=verdict,
                              runs_dir=Path(server.log_path).parent if server.log_path else "runs",
@@ -202,7 +222,7 @@ def _window(trial, seconds, warm, server, store, result, experiment_path, machin
         return Window(index, begun.run_id, "held", begun.held, result.server_starts)
     status, reason, summary, extra, refused = "failed", None, None, {}, []
     try:
-        got = runner.measure(server, wt, store, begun)
+        got = runner.measure(server, wt, store, begun, progress)
         status, reason, summary, extra, refused = got.status, got.reason, got.summary, got.extra, got.refused
     except KeyboardInterrupt:
         status, reason = "interrupted", "stopped by the user (Ctrl-C)"
@@ -259,7 +279,7 @@ def pick_trial(trials: list[Trial], ref: str | None, path) -> Trial:
 
 
 def run_soak(experiment_path: str | Path, db: str, trial_ref: str | None, duration: str, window: str | None,
-             max_restarts: int, runs_dir: str | Path, on_window=None, log=print) -> SoakResult:
+             max_restarts: int, runs_dir: str | Path, listener: Listener | None = None) -> SoakResult:
     """`qwen3lab soak`: the experiment's trial (see pick_trial) for `duration`; everything checked first."""
     from qwen3lab.experiment import files as xp
 
@@ -272,4 +292,4 @@ def run_soak(experiment_path: str | Path, db: str, trial_ref: str | None, durati
     exp = xp.load(experiment_path)
     trial = pick_trial(xp.expand(exp), trial_ref, experiment_path)
     return soak(trial, Store(db), runs_dir, duration_s, min(window_s, duration_s), max_restarts,
-                str(Path(experiment_path).resolve()), gpu_id=exp.gpu, on_window=on_window, log=log)
+                str(Path(experiment_path).resolve()), gpu_id=exp.gpu, listener=listener)

@@ -13,7 +13,7 @@ from qwen3lab.analysis import selection
 from qwen3lab.experiment import files as xp
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import SLO, Trial
-from qwen3lab.measure import executor, runner
+from qwen3lab.measure import events, executor, runner
 from qwen3lab.store import Store
 
 
@@ -160,7 +160,7 @@ class ChapterRun:
         servers; every run is stored with this notebook's path."""
         self.results = executor.execute(self.planned, self.store, self.runs_dir, retry_failed=retry_failed,
                                         max_trials=max_trials, notebook_path=self.notebook_path,
-                                        listener=executor.Listener(log))
+                                        listener=events.Listener(log))
         return self.runs()
 
     # --- what is stored ---------------------------------------------------------------------------------
