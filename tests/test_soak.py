@@ -142,10 +142,13 @@ def test_drift_sets_the_last_window_against_the_first_with_intervals(soaked):
     assert set(got["metrics"]) == set(drift.DRIFT_METRICS)
     for m in got["metrics"].values():
         assert m["low"] <= m["change_pct"] <= m["high"] and m["first"] > 0 and m["last"] > 0
-    # the interval decides: "drift" only where it excludes zero in the worse direction
-    for name, m in got["metrics"].items():
-        worse = m["high"] < 0 if drift.DRIFT_METRICS[name] else m["low"] > 0
-        assert (name in got["drift"]) == worse
+    # "drift" only where the interval excludes zero in the worse direction (and Holm over the metrics agrees);
+    # with two ok windows the window-to-window spread is unknown: nothing is drift
+    for name in got["drift"]:
+        m = got["metrics"][name]
+        assert m["high"] < 0 if drift.DRIFT_METRICS[name] else m["low"] > 0
+    if got["windows"] < 3:
+        assert got["drift"] == [] and "spread is unknown" in got["note"]
 
 
 def test_soak_windows_stand_for_no_trial(soaked):
