@@ -191,16 +191,17 @@ def test_the_best_of_n_is_holm_corrected():
     rivals = [_figures(launches - 0.65), _figures(launches - 0.7), _figures(launches - 6)]  # p 0.037, 0.028, ~0
     alone = stats.welch(winner, rivals[0])
     assert alone.p_value < 0.05  # against the runner-up alone: better
-    ivs, confident = stats.best_of(winner, rivals)
+    ivs, ahead = stats.best_of(winner, rivals)
     assert [iv.p_value for iv in ivs] == pytest.approx([stats.welch(winner, r).p_value for r in rivals])
     steps = sorted(iv.p_value for iv in ivs)
-    assert not confident and steps[0] <= 0.05 / 3 and steps[1] > 0.05 / 2  # Holm stops at the second step
+    assert steps[0] <= 0.05 / 3 and steps[1] > 0.05 / 2  # Holm stops at the second step
+    assert ahead == [False, False, True]  # ahead of the far one only: not confidently the best
     # the level each comparison's interval is shown at is the level Holm tests it at
     assert sorted(iv.level for iv in ivs) == pytest.approx([0.95, 1 - 0.05 / 2, 1 - 0.05 / 3])
     clear, sure = stats.best_of(winner, [rivals[2]])
-    assert sure and clear[0].excludes_zero
+    assert sure == [True] and clear[0].excludes_zero
     _, one = stats.best_of(_figures([30.0]), [_figures([10.0])])
-    assert not one  # one launch: never confident
+    assert one == [False]  # one launch: never confident
 
 
 def test_soak_drift_is_a_trend_over_windows():

@@ -227,9 +227,9 @@ def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 400) -> Winner:
         return Winner(ranking, first.newest, None, None, first, None, key)
     second = trials[ranking.trial_key[1]]
     rivals = [trials[k] for k, ok in zip(ranking.trial_key[1:], ranking.slo_pass[1:]) if ok] or [second]
-    ivs, confident = stats.best_of(figures(first, slo, "goodput", n_boot),
-                                   [figures(t, slo, "goodput", n_boot) for t in rivals])
-    return Winner(ranking, first.newest, second.newest, ivs[0], first, second, key, confident, len(rivals))
+    ivs, ahead = stats.best_of(figures(first, slo, "goodput", n_boot),
+                               [figures(t, slo, "goodput", n_boot) for t in rivals])
+    return Winner(ranking, first.newest, second.newest, ivs[0], first, second, key, all(ahead), len(rivals))
 
 
 def chapter_trials(store: Store, experiment: str, chapter: str | None = None,

@@ -251,15 +251,15 @@ def holm_levels(p_values: Sequence[float], alpha: float = 1 - LEVEL) -> np.ndarr
     return out
 
 
-def best_of(winner: Figures, others: Sequence[Figures], level: float = LEVEL) -> tuple[list[Interval], bool]:
+def best_of(winner: Figures, others: Sequence[Figures], level: float = LEVEL) -> tuple[list[Interval], list[bool]]:
     """The picked best of N against every other trial: Welch intervals, each at the level Holm's step-down tests
-    it, and whether the winner is ahead of all of them (every test rejected, every difference positive)."""
+    it, and, for each, whether the best is ahead of it (Holm rejected, difference positive). The best is
+    confidently best only when it is ahead of all of them."""
     alpha = 1 - level
     plain = [welch(winner, o, level=level) for o in others]
     ps = [np.nan if iv.one_launch else iv.p_value for iv in plain]
-    sure = holm(ps, alpha)
     ivs = [welch(winner, o, level=1 - a) for o, a in zip(others, holm_levels(ps, alpha))]
-    return ivs, bool(len(ivs)) and bool(sure.all()) and all(iv.estimate > 0 for iv in ivs)
+    return ivs, [bool(s) and iv.estimate > 0 for s, iv in zip(holm(ps, alpha), ivs)]
 
 
 def verdict(iv: Interval, higher_is_better: bool, confident: bool) -> str:
