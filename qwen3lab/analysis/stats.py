@@ -242,9 +242,10 @@ def holm(p_values: Sequence[float], alpha: float = 1 - LEVEL) -> np.ndarray:
 
 
 def holm_levels(p_values: Sequence[float], alpha: float = 1 - LEVEL) -> np.ndarray:
-    """The error level Holm's step-down tests each hypothesis at (alpha / (m - rank)): its interval's level."""
+    """The error level Holm's step-down tests each hypothesis at (alpha / (m - rank)); NaN (not tested, e.g. one
+    launch): alpha itself."""
     p = np.asarray(p_values, dtype=float)
-    out = np.full(len(p), alpha / max(len(p), 1))
+    out = np.full(len(p), alpha)
     finite = np.flatnonzero(np.isfinite(p))
     for rank, i in enumerate(finite[np.argsort(p[finite], kind="stable")]):
         out[i] = alpha / (len(finite) - rank)
