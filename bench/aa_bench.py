@@ -77,19 +77,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def committed() -> list[Path]:
-    """DuckDB copies of the repo's committed real runs: the test fixtures and experiments/results."""
+FIXTURES = [ROOT / "tests" / "data" / d for d in ("dashboard", "verdicts")]
+
+
+def committed(where: Path, fixtures_only: bool = False) -> list[Path]:
+    """DuckDB files in `where` holding the repo's committed real runs: the dashboard and verdicts fixtures of
+    tests/data (replayed through the store), and copies of experiments/results/*.duckdb."""
     from tests import dashdata
 
-    tmp = Path(tempfile.mkdtemp(prefix="aa-bench-"))
     out = []
-    for fixture in sorted((ROOT / "tests" / "data").glob("*/*.json.gz")):
-        if fixture.parent.name in ("dashboard", "verdicts"):
-            dashdata.build(tmp / f"{fixture.parent.name}.duckdb", with_extras=False, fixture=fixture)
-            out.append(tmp / f"{fixture.parent.name}.duckdb")
-    for db in sorted((ROOT / "experiments" / "results").glob("*.duckdb")):
-        shutil.copy(db, tmp / db.name)  # a copy: opening migrates, the committed file stays as it is
-        out.append(tmp / db.name)
+    for fixture in sorted(f for d in FIXTURES for f in d.glob("*.json.gz")):
+        out.append(where / (fixture.name.removesuffix(".json.gz") + ".duckdb"))
+        dashdata.build(out[-1], with_extras=False, fixture=fixture)
+    for db in [] if fixtures_only else sorted((ROOT / "experiments" / "results").glob("*.duckdb")):
+        shutil.copy(db, where / db.name)  # a copy: opening migrates, the committed file stays as it is
+        out.append(where / db.name)
     return out
 
 
@@ -124,6 +126,13 @@ def draws(pool: list, k: int, n_pairs: int, rng: np.random.Generator) -> list[tu
     return [([pool[i] for i in splits[j][0]], [pool[i] for i in splits[j][1]]) for j in pick]
 
 
+def false_calls(pool: list, k: int, n_pairs: int, rng: np.random.Generator, slo: SLO) -> tuple[int, int, int]:
+    """(pairs, comparisons, false better/worse) over up to n_pairs A/A splits of k launches a side."""
+    pairs = draws(pool, k, n_pairs, rng)
+    calls = [v for a, b in pairs for v in verdicts(a, b, slo).values()]
+    return len(pairs), len(calls), sum(v in ("better", "worse") for v in calls)
+
+
 def verdicts(a: list, b: list, slo: SLO) -> dict[str, str]:
     ta, tb = compare.TrialData("A", "A", a), compare.TrialData("B", "B", b)
     out = {}
@@ -148,7 +157,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     rng = np.random.default_rng(args.seed)
     slo = SLO(ttft_p95_ms=1500, tpot_p95_ms=50)
-    dbs = committed() + [Path(d) for d in args.db]
+    tmp = tempfile.TemporaryDirectory(prefix="aa-bench-")
+    dbs = committed(Path(tmp.name)) + [Path(d) for d in args.db]
     measured = None
     if args.fresh:
         dbs.append(fresh(args.fresh, args.fresh_db))
@@ -159,13 +169,10 @@ def main(argv=None) -> int:
     for db in dbs:
         for name, pool in pools(db):
             for k in SIDES:
-                pairs = draws(pool, k, args.pairs, rng)
-                if not pairs:
-                    continue
-                calls = [v for a, b in pairs for v in verdicts(a, b, slo).values()]
-                false = sum(v in ("better", "worse") for v in calls)
-                per_pool.append({"pool": name, "launches_in_pool": len(pool), "per_side": k, "pairs": len(pairs),
-                                 "comparisons": len(calls), "false": false})
+                pairs, comparisons, false = false_calls(pool, k, args.pairs, rng, slo)
+                if pairs:
+                    per_pool.append({"pool": name, "launches_in_pool": len(pool), "per_side": k, "pairs": pairs,
+                                     "comparisons": comparisons, "false": false})
     largest = max((len(p) for db in dbs for _, p in pools(db)), default=0)
     print(f"A/A pairs from stored launches of one configuration (largest pool: {largest} launches)")
     print(f"{'launches a side':>15} {'pools':>6} {'pairs':>7} {'comparisons':>12} {'false better/worse':>19} {'rate':>7}  target")
