@@ -68,7 +68,8 @@ def first_last(store: Store, soak_id: str, slo: SLO, n_boot: int = 400) -> dict:
     ivs = {}
     for metric in DRIFT_METRICS:
         ivs[metric] = iv = stats.trend(at, compare.figures(trial, slo, metric, n_boot))
-        a, b = float(was[compare.SUMMARY_OF[metric]]), float(now[compare.SUMMARY_OF[metric]])
+        key = compare.SUMMARY_OF[metric] if compare.SUMMARY_OF[metric] in was else "request_throughput"  # no SLO
+        a, b = float(was[key]), float(now[key])
         out["metrics"][metric] = {"first": a, "last": b, "change_pct": iv.estimate, "low": iv.low, "high": iv.high,
                                   "p_value": iv.p_value, "detectable_pct": iv.detectable}
     if len(runs) < 3:
