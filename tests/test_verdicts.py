@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # on the shared 2-core dev machine under a load average of 20-30, written by
 #   python -c "from tests import dashdata; dashdata.dump('demo.duckdb', Path('tests/data/verdicts/scheduler-2x.json.gz'))"
 TWO_LAUNCHES = ROOT / "tests" / "data" / "verdicts" / "scheduler-2x.json.gz"
-# Every row of `python bench/aa_bench.py --fresh 5`: one configuration (max_num_seqs 128, the demo's 80 requests)
-# entered as trials a and b of chapter aa, launched interleaved A B A B, on the shared 2-core dev machine under
-# a load average of 17-26, written by
+# Every row of `python bench/aa_bench.py --fresh 5`, stopped after 3 rounds: one configuration (max_num_seqs 128,
+# the demo's 80 requests) entered as trials a and b of chapter aa, launched interleaved a b a b a b, on the shared
+# 2-core dev machine under a load average of 12-46, written by
 #   python -c "from tests import dashdata; dashdata.dump('aa.duckdb', Path(AA), 'aa-bench')"
 AA = ROOT / "tests" / "data" / "verdicts" / "aa-interleaved.json.gz"
 DETAILED = ROOT / "tests" / "data" / "import" / "vllm-bench-serve-detailed.json"
@@ -231,7 +231,7 @@ def test_holm():
 def test_a_a_pairs_of_stored_real_launches_are_never_called_better_or_worse(tmp_path):
     """Every configuration's real launches in the dashboard and demo fixtures, split into two "trials" of one
     configuration in every way: they can only differ by chance, so no such pair may read better or worse. (The
-    A/A chapter's ten launches have their own test below: over hundreds of splits, 5% may.)"""
+    A/A chapter's launches have their own test below: over many splits of them, 5% may.)"""
     sys.path.insert(0, str(ROOT / "bench"))
     import aa_bench
 
