@@ -352,8 +352,8 @@ def winner_card(w: compare.Winner, slo: SLO) -> None:
             st.markdown(f"**Margin over `{w.runner_up.label}`** ({launches(w.runner_up_trial)}): {margin_text(w)} goodput")
         (st.info if w.within_noise else st.success)(verdict_text(w))
         st.caption(f"SLOs: {slo_text(slo)} · {launches(w.winner_trial)}, newest run {w.winner.run_id} · recomputed "
-                   "from the stored requests, no re-run. The interval resamples launches, then blocks of requests "
-                   f"within each · comparability key {comparable.describe(w.winner.row)}.")
+                   "from the stored requests, no re-run. The interval is Welch's t over the launches' figures "
+                   f"(docs/statistics.md) · comparability key {comparable.describe(w.winner.row)}.")
 
 
 def ranking_table(ranking: pd.DataFrame) -> None:

@@ -427,7 +427,8 @@ def compare_table(df, a_label: str, b_label: str) -> Table:
         fmt = "{:+.1f}" if r["metric"] == "p95_ttft_ms" else "{:+.2f}"
         t.add_row(r["metric"], _num(r["a"], fmt.replace("+", "")), _num(r["b"], fmt.replace("+", "")),
                   f"{fmt.format(r['difference'])} ({fmt.format(r['low'])} .. {fmt.format(r['high'])})",
-                  f"{_num(r['change_pct'], '{:+.1f}')}%", r["verdict"])
+                  f"{_num(r['change_pct'], '{:+.1f}')}%",
+                  r["verdict"] + (f": {r['would_take']}" if r.get("would_take") else ""))
     return t
 
 

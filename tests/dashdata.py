@@ -28,7 +28,7 @@ EXPERIMENT = "cpu-tiny"
 
 
 def _clean(v):
-    if isinstance(v, float) and math.isnan(v):
+    if (isinstance(v, float) and math.isnan(v)) or v is pd.NaT:  # NaT: a row not ended (running, interrupted)
         return None
     if isinstance(v, pd.Timestamp):
         return v.isoformat()
@@ -39,7 +39,8 @@ def _clean(v):
 
 def dump(db: str, out: Path = FIXTURE, experiment: str = EXPERIMENT) -> None:
     s = Store(db)
-    runs = s.runs(experiment=experiment, with_json=True)
+    # store.runs adds columns it reads out of summary_json; the rows are replayed from the table's own columns
+    runs = s.runs(experiment=experiment, with_json=True).drop(columns=["steady_p95_ttft_ms", "opening_burst_requests"])
     ids = list(runs.run_id)
     reqs = s.requests(ids, measured_only=False, with_chunks=True)
     samples = s.samples(ids)

@@ -131,6 +131,21 @@ def test_launches_combine_to_their_median_and_an_interval_spanning_every_bracket
     assert [r.search_id for r in got.launches] == ["s4", "s6"] and got.capacity == 5
 
 
+def test_capacities_are_compared_over_launches_with_the_verdicts_rules():
+    """Capacity launches are launches: the top against each other configuration is Welch's t over launches with
+    the bracket as each launch's own noise, Holm-corrected as the best of N; one launch gets no verdict."""
+    from qwen3lab.analysis import stats
+    from qwen3lab.workbook.capacity import against_top, capacity_figures
+
+    top = cap.combine([_launch(16, 16, 17), _launch(17, 17, 18), _launch(16, 16, 17)])
+    close = cap.combine([_launch(15, 15, 16), _launch(17, 17, 18), _launch(16, 16, 17)])
+    far = cap.combine([_launch(4, 4, 5), _launch(5, 5, 6), _launch(4, 4, 5)])
+    f = capacity_figures(top)
+    assert list(f.values) == [16, 17, 16] and f.within_se == pytest.approx([1 / 12 ** 0.5] * 3)
+    assert against_top([top, close, far]) == ["top", "can't tell", "worse"]
+    assert against_top([top, _launch(4, 4, 5)]) == ["top", stats.ONE_LAUNCH]
+
+
 def test_launches_are_not_part_of_a_trials_identity():
     # raising capacity.launches keeps the trial's key: the launches already measured count, only the rest run
     assert Workload(capacity=Capacity()).key_dump() == Workload(capacity=Capacity(launches=3)).key_dump()

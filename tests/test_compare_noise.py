@@ -3,11 +3,9 @@ interval has width even when every request has the same output length (resamplin
 fixed duration gave a zero-width interval: 'beyond noise' for any difference)."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from qwen3lab.analysis import compare
+from qwen3lab.analysis import compare, stats
 from qwen3lab.experiment.spec import SLO
 from tests import dashdata
 
@@ -22,7 +20,7 @@ def runs(tmp_path_factory):
 def test_intervals_hold_the_exact_difference_and_have_width(runs, metric):
     slo = SLO(ttft_p95_ms=3000, tpot_p95_ms=100)
     a, b = runs[0], runs[1]
-    iv = compare.difference(a, b, slo, metric, n_boot=500)
+    iv = compare.difference(a, b, slo, metric)
     ranked = compare.rank([a, b], slo).set_index("run_id")
     key = {"goodput": "goodput", "output_throughput": "output_throughput", "p95_ttft_ms": "p95_ttft_ms"}[metric]
     exact = ranked.loc[a.run_id, key] - ranked.loc[b.run_id, key]
@@ -34,9 +32,7 @@ def test_intervals_hold_the_exact_difference_and_have_width(runs, metric):
 def test_fixed_lengths_still_give_a_throughput_interval(runs):
     a = runs[0]
     assert len(set(a.table.output_tokens)) == 1  # fixed-128: every request the same length
-    unpaired = dataclasses.replace(a, row={**a.row, "requests_digest": None})
-    iv = compare.difference(a, unpaired, SLO(), "output_throughput", n_boot=500, relative=True)
+    iv = compare.difference(a, a, SLO(), "output_throughput", relative=True)
     assert iv.estimate == pytest.approx(0.0) and iv.low < -1 and iv.high > 1  # a run against itself: noise, in %
-    # paired by block (the same requests on both sides), a run against itself differs by exactly nothing
-    same = compare.difference(a, a, SLO(), "output_throughput", n_boot=500, relative=True)
-    assert same.low == same.high == 0.0
+    # one launch a side: the within-launch noise alone, and no verdict beyond "one launch"
+    assert iv.one_launch and stats.verdict(iv, True, iv.excludes_zero) == stats.ONE_LAUNCH

@@ -51,7 +51,7 @@ ok = ch.ok_runs()
 plots.pareto_figure(ok)'''
 
 EFFECTS = '''\
-# Each trial against the chapter's baseline: relative change with a bootstrap 95% interval.
+# Each trial against the chapter's baseline: relative change with a 95% interval (Welch's t over launches).
 effects = ch.effects()
 display(effects)
 plots.effects_figure(effects, "goodput") if not effects.empty else ch.say("No trial has a finished baseline yet.")'''
@@ -327,15 +327,16 @@ REPORT = notebook([
     code('''\
 experiment = "experiments/cpu-tiny.yaml"  # the experiment to report on
 db = "qwen3lab.duckdb"  # the DuckDB file its runs are in
-n_boot = 1000  # bootstrap resamples for the intervals''', tags=["parameters"]),
+n_boot = 400  # resamples of each launch's requests for its own noise (the floor of the launch spread)''', tags=["parameters"]),
     md('''\
 # 99 · Report
 
 For one experiment: all trials side by side (the current run of each), the winner of each group of comparable
 runs (same requests, tokenizer, machine and vLLM build) under the experiment's SLOs with its margin over the
-runner-up, and each knob's effect against its chapter's baseline. Intervals resample launches, then request
-blocks; verdicts are better / worse / can't tell (Holm-corrected across a chapter), and say so when a trial had
-one launch, which leaves the launch-to-launch spread unknown.'''),
+runner-up, and each knob's effect against its chapter's baseline. Intervals are Welch's t over the launches'
+figures; verdicts are better / worse / can't tell (Holm-corrected across a chapter; the winner against every
+other trial, as the best of N), "can't tell" says what more launches would take, and a trial of one launch gets
+no verdict: the launch-to-launch spread is unknown (docs/statistics.md).'''),
     code('''\
 from qwen3lab.analysis import plots
 from qwen3lab import workbook

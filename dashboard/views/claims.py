@@ -14,9 +14,10 @@ cur = st.session_state.get("experiment")
 exp = st.selectbox("Experiment", exps, index=exps.index(cur) if cur in exps else 0, key="claims_experiment")
 slo = ui.slo_from_state(df, list(df[df.experiment == exp].run_id))
 st.caption(f"Each trial (all its launches) against its chapter's baseline with the same comparability key (same "
-           f"requests, tokenizer, machine, build). Goodput under {ui.slo_text(slo)}. The interval resamples launches, "
-           "then request blocks; a change is better or worse only when it holds after Holm's correction across the "
-           "chapter's trials and metrics, else can't tell.")
+           f"requests, tokenizer, machine, build). Goodput under {ui.slo_text(slo)}. The interval is Welch's t over "
+           "the launches' figures; a change is better or worse only when it holds after Holm's correction across the "
+           "chapter's trials and metrics, else can't tell; a trial or baseline of one launch gets no verdict "
+           "(docs/statistics.md).")
 claims = ui.claims(ui.db_path(), exp, slo.model_dump_json(), ui.mtime())
 if claims.empty:
     st.info("No trial of this experiment has a finished baseline to compare against.")

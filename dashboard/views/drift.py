@@ -20,8 +20,9 @@ if soaks.empty:
     st.stop()
 
 st.caption("A soak is a run per window on one server; a server that died was started again (counted). "
-           "Drift: the last ok window against the first, with 95% intervals (block bootstrap); an interval "
-           "that holds zero is noise.")
+           "Drift: the change from the first ok window to the last along a line through every window, with its "
+           "95% interval (t over the windows, docs/statistics.md); drift only where it holds after Holm's correction "
+           "over the metrics and three or more windows were ok, else noise.")
 table = soaks.assign(configuration=soaks.chapter + "/" + soaks.trial)
 st.dataframe(table[["configuration", "status", "duration_s", "window_s", "windows", "server_starts", "crashes",
                     "ooms", "elapsed_s", "reason", "soak_id"]], hide_index=True, width="stretch",

@@ -2,14 +2,14 @@
 
 Everything is recomputed from the stored per-request rows, so changing an SLO never needs a re-run. A trial
 is every ok launch stored under its trial key; its figures are the mean over those launches, and every
-difference comes with a hierarchical bootstrap 95% interval over launches, then request blocks (see
-analysis/stats.py). Only runs with one comparability key (analysis/comparable.py) are set against each other.
+difference is a t test on the launch figures (analysis/stats.py, docs/statistics.md). Only runs with one
+comparability key (analysis/comparable.py) are set against each other.
 
-Rates (goodput, throughput) are not bootstrapped by resampling single requests against the fixed duration: with
-fixed output lengths that leaves a throughput unchanged and its interval would have zero width. By Little's
-law a run's rate is (work of its requests) / (their summed latency) x (its mean concurrency, summed latency /
-duration), which is exactly work / duration; resampling blocks of consecutive requests (latency and work
-together, so a slow stretch stays slow) lets the summed latency vary, and that is the within-launch noise.
+A launch's own noise (its standard error, the floor of the launch-to-launch variance) comes from resampling it.
+Rates (goodput, throughput) are not resampled as single requests against the fixed duration: with fixed output
+lengths that leaves a throughput unchanged. By Little's law a run's rate is (work of its requests) / (their summed
+latency) x (its mean concurrency, summed latency / duration), which is exactly work / duration; resampling blocks
+of consecutive requests (latency and work together, so a slow stretch stays slow) lets the summed latency vary.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from qwen3lab.store import Store
 # metric -> higher is better
 METRICS = {"goodput": True, "output_throughput": True, "p95_ttft_ms": False}
 SUMMARY_OF = {"goodput": "request_goodput", "output_throughput": "output_throughput", "p95_ttft_ms": "p95_ttft_ms"}
+UNIT = {"goodput": "req/s", "output_throughput": "tok/s", "p95_ttft_ms": "ms"}
 
 
 @dataclass
@@ -69,15 +70,11 @@ class RunData:
         return float(np.nansum(self.table.e2el[ok])) / max(self.duration, 1e-9)
 
     def launch(self, metric: str, slo: SLO) -> stats.Launch:
-        """This run as a bootstrap unit for `metric`: blocks for rates, succeeded requests for P95 TTFT."""
-        digest = self.row.get("requests_digest")
-        digest = digest if isinstance(digest, str) else None
+        """This run's resampling units for `metric`: blocks for rates, succeeded requests for P95 TTFT."""
         if metric == "p95_ttft_ms":
             t = self.table
-            ttft = t.ttft[t.ok & np.isfinite(t.ttft)]
-            # requests pair one to one only when both sides kept all of them
-            return stats.Launch(ttft[:, None], digest if len(ttft) == len(t) else None)
-        return stats.Launch(self.per_block(slo), digest, self.concurrency())
+            return stats.Launch(t.ttft[t.ok & np.isfinite(t.ttft)][:, None])
+        return stats.Launch(self.per_block(slo), self.concurrency())
 
 
 def _rate(column: int) -> stats.Statistic:
@@ -173,21 +170,21 @@ def rank(runs: list[RunData], slo: SLO) -> pd.DataFrame:
     return df
 
 
-def difference(a: RunData | TrialData, b: RunData | TrialData, slo: SLO, metric: str = "goodput",
-               n_boot: int = 2000, relative: bool = False) -> Interval:
-    """Interval of metric(a) - metric(b), or of metric(a)/metric(b) - 1 in percent when `relative`.
-
-    a and b are launches or trials; a trial resamples its launches, then each launch's blocks (P95 TTFT: its
-    succeeded requests, like vllm bench's percentile), paired by block when both sent identical requests.
-    """
+def figures(t: RunData | TrialData, slo: SLO, metric: str = "goodput", n_boot: int = 400) -> stats.Figures:
+    """A trial's (or a launch's) `metric` per launch, each with its within-launch standard error."""
     if metric not in STATISTICS:
         raise ValueError(f"metric {metric!r}: use one of {', '.join(STATISTICS)}")
-    ta, tb = _as_trial(a), _as_trial(b)
-    la = [r.launch(metric, slo) for r in ta.launches]
-    lb = [r.launch(metric, slo) for r in tb.launches]
-    if any(len(x.units) == 0 for x in la + lb):
-        return Interval(float("nan"), float("nan"), float("nan"))
-    return stats.compare_trials(la, lb, STATISTICS[metric], relative=relative, n_boot=n_boot)
+    launches = [r.launch(metric, slo) for r in _as_trial(t).launches]
+    if any(len(x.units) == 0 for x in launches):
+        return stats.Figures(np.full(len(launches), np.nan), np.full(len(launches), np.nan))
+    return stats.figures(launches, STATISTICS[metric], n_boot)
+
+
+def difference(a: RunData | TrialData, b: RunData | TrialData, slo: SLO, metric: str = "goodput",
+               n_boot: int = 400, relative: bool = False) -> Interval:
+    """metric(a) - metric(b), or metric(a)/metric(b) - 1 in percent when `relative`, with Welch's t interval
+    over the two trials' launch figures (n_boot: resamples for each launch's own noise)."""
+    return stats.welch(figures(a, slo, metric, n_boot), figures(b, slo, metric, n_boot), relative)
 
 
 @dataclass
@@ -195,25 +192,29 @@ class Winner:
     ranking: pd.DataFrame
     winner: RunData | None  # the winning trial's newest launch (its launch command is exported)
     runner_up: RunData | None
-    margin: Interval | None  # winner goodput - runner-up goodput, requests/s
+    margin: Interval | None  # winner goodput - runner-up goodput, requests/s, at its Holm step's level
     winner_trial: TrialData | None = None
     runner_up_trial: TrialData | None = None
     key: str = ""
+    confident: bool = False  # ahead of every other trial meeting the SLOs, Holm over those tests (best of N)
+    rivals: int = 0  # how many trials the winner was tested against
 
     @property
     def within_noise(self) -> bool:
-        return self.margin is not None and not self.margin.excludes_zero
+        return self.margin is not None and not self.confident
 
     @property
     def verdict(self) -> str:
-        """better / can't tell, and whether the launch-to-launch spread is known."""
+        """better / can't tell / one launch."""
         if self.winner_trial is None or self.runner_up_trial is None or self.margin is None:
             return ""
-        launches = (len(self.winner_trial.launches), len(self.runner_up_trial.launches))
-        return stats.verdict(self.margin, True, self.margin.excludes_zero, launches)
+        return stats.verdict(self.margin, True, self.confident)
 
 
-def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 2000) -> Winner:
+def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 400) -> Winner:
+    """The top trial under `slo`; confident only when its goodput is ahead of every other trial that meets the
+    SLOs (the runner-up alone when none does), with Holm's correction over those tests: it was picked as the
+    best of N, and the top of N equal trials is ahead of the rest by chance."""
     ranking = rank(runs, slo)
     if ranking.empty:
         return Winner(ranking, None, None, None)
@@ -222,9 +223,13 @@ def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 2000) -> Winner:
     if not ranking.slo_pass[0]:
         return Winner(ranking, None, None, None, key=key)  # nothing meets the SLOs: no winner, say so
     first = trials[ranking.trial_key[0]]
-    second = trials[ranking.trial_key[1]] if len(ranking) > 1 else None
-    margin = difference(first, second, slo, "goodput", n_boot) if second else None
-    return Winner(ranking, first.newest, second.newest if second else None, margin, first, second, key)
+    if len(ranking) < 2:
+        return Winner(ranking, first.newest, None, None, first, None, key)
+    second = trials[ranking.trial_key[1]]
+    rivals = [trials[k] for k, ok in zip(ranking.trial_key[1:], ranking.slo_pass[1:]) if ok] or [second]
+    ivs, ahead = stats.best_of(figures(first, slo, "goodput", n_boot),
+                               [figures(t, slo, "goodput", n_boot) for t in rivals])
+    return Winner(ranking, first.newest, second.newest, ivs[0], first, second, key, all(ahead), len(rivals))
 
 
 def chapter_trials(store: Store, experiment: str, chapter: str | None = None,
@@ -250,7 +255,7 @@ def unreliable(runs: pd.DataFrame) -> pd.Series:
     return runs.validity.fillna("").astype(str).str.startswith("unreliable")
 
 
-def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.DataFrame:
+def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400) -> pd.DataFrame:
     """For each chapter: every trial against its baseline, relative change, 95% interval, Holm-corrected verdict.
 
     A trial is paired with the baseline trial of its chapter that has its comparability key (same requests,
@@ -279,19 +284,15 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 1000) -> pd.Da
                 continue
             base = max(bases, key=lambda b: str(b.newest.row.get("started_at") or ""))
             for metric, higher in METRICS.items():
-                rel = difference(t, base, slo, metric, n_boot, relative=True)
-                # the verdict rests on the absolute difference: a zero baseline has no relative change
-                iv = difference(t, base, slo, metric, n_boot)
+                iv, rel = _both(t, base, slo, metric, n_boot)
                 mine.append(({"chapter": chapter, "trial": t.newest.row.get("trial"), "baseline": base_name,
-                              "metric": metric, "change_pct": rel.estimate, "low_pct": rel.low, "high_pct": rel.high,
-                              "difference": iv.estimate, "low": iv.low, "high": iv.high,
-                              "p_value": iv.p_value, "launches": len(t.launches),
+                              "metric": metric, **_row(iv, rel), "launches": len(t.launches),
                               "baseline_launches": len(base.launches), "run_id": t.newest.run_id,
                               "baseline_run_id": base.newest.run_id}, iv, higher))
         # Holm across the chapter's trials x metrics: a family of comparisons, one error rate
-        confident = stats.holm([iv.p_value for _, iv, _ in mine])
+        confident = stats.holm([np.nan if iv.one_launch else iv.p_value for _, iv, _ in mine])
         for (rec, iv, higher), sure in zip(mine, confident):
-            rec["verdict"] = stats.verdict(iv, higher, bool(sure), (rec["launches"], rec["baseline_launches"]))
+            rec["verdict"] = stats.verdict(iv, higher, bool(sure))
             recs.append(rec)
     return pd.DataFrame(recs)
 
@@ -319,7 +320,7 @@ def stored_slo(store: Store, experiment: str) -> SLO:
 
 
 def winners(store: Store, experiment: str, slo: SLO, chapter: str | None = None,
-            include_unreliable: bool = False, n_boot: int = 2000) -> list[Verdict]:
+            include_unreliable: bool = False, n_boot: int = 400) -> list[Verdict]:
     """One verdict per group of comparable runs (same comparability key) of an experiment or chapter."""
     data = chapter_trials(store, experiment, chapter, include_unreliable)
     everything = store.runs(experiment=experiment, chapter=chapter, status="ok")
@@ -370,19 +371,36 @@ def resolve(store: Store, ref: str, experiment: str | None = None, include_unrel
     return trials[0]
 
 
-def compare_two(a: TrialData, b: TrialData, slo: SLO, n_boot: int = 2000) -> pd.DataFrame:
-    """Each metric of a against b: both figures, the difference, its 95% interval, and the verdict."""
+def _both(a: TrialData, b: TrialData, slo: SLO, metric: str, n_boot: int) -> tuple[Interval, Interval]:
+    """The difference and the relative change (percent) of metric(a) against metric(b); the verdict rests on the
+    difference: a zero baseline has no relative change."""
+    fa, fb = figures(a, slo, metric, n_boot), figures(b, slo, metric, n_boot)
+    return stats.welch(fa, fb), stats.welch(fa, fb, relative=True)
+
+
+def _row(iv: Interval, rel: Interval) -> dict:
+    return {"change_pct": rel.estimate, "low_pct": rel.low, "high_pct": rel.high, "difference": iv.estimate,
+            "low": iv.low, "high": iv.high, "p_value": iv.p_value, "df": iv.df, "detectable": iv.detectable,
+            "detectable_pct": rel.detectable, "launches_needed": iv.needed}
+
+
+def _decided(iv: Interval) -> bool:
+    """Better or worse at 95%, on two launches or more a side: nothing more to ask for."""
+    return iv.excludes_zero and not iv.one_launch
+
+
+def compare_two(a: TrialData, b: TrialData, slo: SLO, n_boot: int = 400) -> pd.DataFrame:
+    """Each metric of a against b: both figures, the difference, its 95% interval, the verdict, and (can't
+    tell) the smallest difference these launches detect and the launches a trial would need for the observed."""
     comparable.check([a.newest.row, b.newest.row], [a.label, b.label])
     sa, sb = a.summary(slo), b.summary(slo)
     recs = []
     for metric, higher in METRICS.items():
-        iv = difference(a, b, slo, metric, n_boot)
-        rel = difference(a, b, slo, metric, n_boot, relative=True)
+        iv, rel = _both(a, b, slo, metric, n_boot)
         key = SUMMARY_OF[metric] if SUMMARY_OF[metric] in sa else "request_throughput"
-        recs.append({"metric": metric, "a": sa[key], "b": sb[key], "difference": iv.estimate, "low": iv.low,
-                     "high": iv.high, "change_pct": rel.estimate, "low_pct": rel.low, "high_pct": rel.high,
-                     "p_value": iv.p_value,
-                     "verdict": stats.verdict(iv, higher, iv.excludes_zero, (len(a.launches), len(b.launches)))})
+        recs.append({"metric": metric, "a": sa[key], "b": sb[key], **_row(iv, rel),
+                     "verdict": stats.verdict(iv, higher, iv.excludes_zero),
+                     "would_take": "" if _decided(iv) else stats.would_take(iv, UNIT[metric])})
     return pd.DataFrame(recs)
 
 

@@ -1,17 +1,19 @@
 """Drift over a soak: its windows side by side, and its last window against its first, with intervals.
 
-A soak's window is a run of its own (measure/soak.py), so every figure of a window is the run's stored summary,
-and the first-against-last comparison is compare.difference between two launches: the same block bootstrap
-as every other verdict (rates by blocks of requests, P95 TTFT by requests), paired when both windows sent the
-same requests. Long-running vLLM servers have been seen to lose throughput and gain tail latency after an hour:
-a change whose interval excludes zero is drift, one whose interval holds zero is noise.
+A soak's window is a run of its own (measure/soak.py), so every figure of a window is the run's stored summary.
+Windows are the soak's units as launches are a trial's: the first-to-last change is read off a straight line
+through every ok window's figure (stats.trend: t with windows - 2 df, the scatter about the line floored by each
+window's own noise), not from two windows alone, which cannot tell a trend from one window's luck. Long-running
+vLLM servers have been seen to lose throughput and gain tail latency after an hour: a change whose interval
+excludes zero in the worse direction is drift, Holm-corrected over the metrics; with fewer than three ok
+windows the window-to-window spread is unknown and nothing is called drift.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis import compare
+from qwen3lab.analysis import compare, stats
 from qwen3lab.experiment.spec import SLO
 from qwen3lab.store import Store
 
@@ -48,23 +50,35 @@ def windows(store: Store, soak_id: str) -> pd.DataFrame:
     return df[WINDOW_COLUMNS]
 
 
-def first_last(store: Store, soak_id: str, slo: SLO, n_boot: int = 1000) -> dict:
-    """The last ok window against the first: per metric the two values and the relative change (percent) with
-    its 95% interval; `drift` names the metrics whose interval excludes zero, in the worse direction."""
+def first_last(store: Store, soak_id: str, slo: SLO, n_boot: int = 400) -> dict:
+    """The last ok window against the first: per metric the two values and the change (percent) along the line
+    through every ok window, with its 95% interval; `drift` names the metrics that changed for the worse
+    (Holm-corrected over the metrics; none with fewer than three ok windows)."""
     w = windows(store, soak_id)
     ok = w[w.status == "ok"]
     if len(ok) < 2:
         return {"windows": int(len(ok)), "metrics": {}, "drift": [],
                 "note": "fewer than two ok windows: nothing to compare"}
-    first, last = compare.load_runs(store, [ok.run_id.iloc[0], ok.run_id.iloc[-1]])
+    runs = compare.load_runs(store, list(ok.run_id))
+    at = ok.set_index("run_id").start_s.reindex([r.run_id for r in runs]).to_numpy()
+    trial = compare.TrialData("soak", soak_id, runs)
+    first, last = runs[0], runs[-1]
     out: dict = {"windows": int(len(ok)), "first": first.run_id, "last": last.run_id, "metrics": {}, "drift": []}
     was, now = first.summary(slo), last.summary(slo)
-    for metric, higher_better in DRIFT_METRICS.items():
-        iv = compare.difference(last, first, slo, metric, n_boot=n_boot, relative=True)
-        a, b = float(was[compare.SUMMARY_OF[metric]]), float(now[compare.SUMMARY_OF[metric]])
-        out["metrics"][metric] = {"first": a, "last": b, "change_pct": iv.estimate, "low": iv.low, "high": iv.high}
-        worse = iv.high < 0 if higher_better else iv.low > 0
-        if worse:
+    ivs = {}
+    for metric in DRIFT_METRICS:
+        ivs[metric] = iv = stats.trend(at, compare.figures(trial, slo, metric, n_boot))
+        key = compare.SUMMARY_OF[metric] if compare.SUMMARY_OF[metric] in was else "request_throughput"  # no SLO
+        a, b = float(was[key]), float(now[key])
+        out["metrics"][metric] = {"first": a, "last": b, "change_pct": iv.estimate, "low": iv.low, "high": iv.high,
+                                  "p_value": iv.p_value, "detectable_pct": iv.detectable}
+    if len(runs) < 3:
+        out["note"] = "two ok windows: the window-to-window spread is unknown, so no change is called drift"
+        return out
+    sure = stats.holm([iv.p_value for iv in ivs.values()])
+    for (metric, higher_better), confident in zip(DRIFT_METRICS.items(), sure):
+        iv = ivs[metric]
+        if confident and (iv.estimate < 0 if higher_better else iv.estimate > 0):
             out["drift"].append(metric)
     return out
 

@@ -1,8 +1,9 @@
-"""The winner in words, for every reader (the dashboard's Winner card, the 99 report): the SLOs, the margin over
-the runner-up with its 95% interval (launches, then request blocks), and whether it can be told: better or can't tell."""
+"""The winner in words, for every reader (the dashboard's Winner card, the 99 report, `qwen3lab winner`): the
+SLOs, the margin over the runner-up with its interval (Welch's t over launches, at the level Holm's correction
+for the best of N gives it), whether it can be told (better, can't tell, one launch), and what it would take."""
 from __future__ import annotations
 
-from qwen3lab.analysis import comparable, compare
+from qwen3lab.analysis import comparable, compare, stats
 from qwen3lab.experiment.spec import SLO
 
 
@@ -18,7 +19,7 @@ def margin_text(w: compare.Winner) -> str:
     if w.margin is None:
         return "the only trial that meets the SLOs" if w.winner else ""
     m = w.margin
-    return f"{m.estimate:+.2f} req/s (95% CI {m.low:+.2f} .. {m.high:+.2f})"
+    return f"{m.estimate:+.2f} req/s ({m.ci} {m.low:+.2f} .. {m.high:+.2f})"
 
 
 def launches(t: compare.TrialData | None) -> str:
@@ -26,22 +27,31 @@ def launches(t: compare.TrialData | None) -> str:
     return f"{n} launch" + ("" if n == 1 else "es")
 
 
+def would_take(w: compare.Winner) -> str:
+    """For a winner that cannot be told from the runner-up: what more launches would show ('' when told)."""
+    if w.margin is None or w.confident:
+        return ""
+    return stats.would_take(w.margin, "req/s")
+
+
 def verdict_text(w: compare.Winner) -> str:
-    """Better / can't tell, in a sentence; with one launch a side, that the launch-to-launch spread is unknown."""
+    """Better / can't tell / one launch, in a sentence, with what it would take to tell."""
     if w.winner is None:
         return "No trial meets the SLOs: loosen them, or measure other configurations."
     if w.runner_up is None:
         return "Only one trial meets the SLOs."
-    spread = ("" if min(len(w.winner_trial.launches), len(w.runner_up_trial.launches)) > 1 else
-              " One launch per trial: how much a fresh launch moves is unknown; set `repeats: 2` or more.")
+    best_of = f" (tested against {w.rivals} trials, Holm-corrected: it was picked as the best)" if w.rivals > 1 else ""
+    if w.margin.one_launch:
+        return (f"One launch per trial: {w.winner.label} leads {w.runner_up.label}, but how much a fresh launch moves "
+                "is unknown, so no verdict; set `repeats: 2` or more.")
     if w.within_noise:
-        return (f"Can't tell: {w.winner.label} and {w.runner_up.label} cannot be told apart: the 95% interval of "
-                f"the difference holds zero. Either is as good; measure longer or launch more repeats.{spread}")
-    return f"Better: {w.winner.label} is ahead of {w.runner_up.label} (the 95% interval excludes zero).{spread}"
+        return (f"Can't tell: {w.winner.label} and the others cannot be told apart{best_of}. Either is as good as "
+                f"measured; {would_take(w)}.")
+    return f"Better: {w.winner.label} is ahead of {w.runner_up.label} and every other trial{best_of}."
 
 
 def _iv(iv, fmt: str = "{:+.2f}") -> str:
-    return f"{fmt.format(iv.estimate)} (95% CI {fmt.format(iv.low)} .. {fmt.format(iv.high)})"
+    return f"{fmt.format(iv.estimate)} ({iv.ci} {fmt.format(iv.low)} .. {fmt.format(iv.high)})"
 
 
 def winner_line(v) -> str:
@@ -58,6 +68,10 @@ def winner_line(v) -> str:
             f"goodput {top.goodput:.2f} req/s")
     if w.runner_up_trial is not None and w.margin is not None:
         text += f"; over {w.runner_up_trial.label} ({launches(w.runner_up_trial)}): {_iv(w.margin)} req/s, {w.verdict}"
+        if w.rivals > 1:
+            text += f" (best of {w.rivals + 1}, Holm)"
+        if would_take(w):
+            text += f" ({would_take(w)})"
 
     else:
         text += "; the only trial that meets the SLOs"
@@ -72,14 +86,16 @@ def winner_line(v) -> str:
 
 def winner_json(v) -> dict:
     w = v.winner
-    iv = lambda x: None if x is None else {"estimate": x.estimate, "low": x.low, "high": x.high, "p_value": x.p_value}  # noqa: E731
+    iv = lambda x: None if x is None else {"estimate": x.estimate, "low": x.low, "high": x.high, "p_value": x.p_value, "df": x.df}  # noqa: E731
     return {
         "chapters": v.chapters, "winner": w.winner_trial.label if w.winner_trial else None,
         "winner_run_id": w.winner.run_id if w.winner else None,
         "launches": len(w.winner_trial.launches) if w.winner_trial else 0,
         "runner_up": w.runner_up_trial.label if w.runner_up_trial else None,
         "runner_up_launches": len(w.runner_up_trial.launches) if w.runner_up_trial else 0,
-        "margin_goodput": iv(w.margin), "verdict": w.verdict or None,
+        "margin_goodput": iv(w.margin), "verdict": w.verdict or None, "confident": w.confident,
+        "tested_against": w.rivals, "detectable_goodput": w.margin.detectable if w.margin else None,
+        "launches_needed": w.margin.needed if w.margin else None, "would_take": would_take(w) or None,
         "baseline": v.baseline.label if v.baseline else None, "over_baseline_goodput": iv(v.over_baseline),
         "comparability_key": comparable.comparability_key(w.winner.row) if w.winner else w.key,
         "comparability": comparable.key_fields(w.winner.row) if w.winner else None,

@@ -8,9 +8,10 @@ import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis import selection
+from qwen3lab.analysis import selection, stats
 from qwen3lab.errors import SpecError
 from qwen3lab.experiment.spec import Capacity
 from qwen3lab.measure import capacity as cap
@@ -30,13 +31,19 @@ class CapacityChapter:
     slo: dict
 
     def table(self) -> pd.DataFrame:
-        """One row per configuration, ranked by capacity (the largest load within the SLOs)."""
+        """One row per configuration, ranked by capacity (the largest load within the SLOs), each against the top
+        one: capacity launches are launches, so the same verdicts as goodput (see `against_top`)."""
         rows = [{"chapter": r.trial.chapter, "trial": r.trial.name, "why": w, "status": r.status, "axis": r.axis,
                  "capacity": r.capacity, "last pass": r.low, "first fail": r.high, "points": len(r.points),
-                 "start_s": r.start_s, "search_id": r.search_id}
+                 "launches": len(r.launches or [r]), "start_s": r.start_s, "search_id": r.search_id}
                 for r, w in zip(self.results, self.picked.why)]
         df = pd.DataFrame(rows)
-        return df.sort_values("capacity", ascending=False, na_position="last").reset_index(drop=True) if rows else df
+        if not rows:
+            return df
+        order = df.sort_values("capacity", ascending=False, na_position="last").index
+        df = df.loc[order].reset_index(drop=True)
+        df["against the top"] = against_top([self.results[i] for i in order])
+        return df
 
     def searches(self) -> pd.DataFrame:
         df = self.store.capacities()
@@ -51,6 +58,28 @@ class CapacityChapter:
             specs = [r.trial.workload.capacity or Capacity() for r in self.results]
             return specs[0].min_attainment if specs else None
         return next((self.slo[k] for k in SLO_OF_METRIC.get(metric, ()) if self.slo.get(k)), None)
+
+
+def capacity_figures(r: cap.CapacityResult) -> stats.Figures:
+    """A configuration's capacity per launch (search), each with its own noise: the capacity lies somewhere in
+    its bracket (last pass .. first fail), uniformly for all the search knows: standard error width / sqrt(12)."""
+    done = [x for x in (r.launches or [r]) if x.capacity is not None]
+    width = [(x.high - x.low) if x.high is not None and x.low is not None else 0.0 for x in done]
+    return stats.Figures(np.array([x.capacity for x in done], float), np.array(width) / np.sqrt(12))
+
+
+def against_top(ranked: list[cap.CapacityResult]) -> list[str]:
+    """The top capacity against every other one: Welch's t over launches, Holm-corrected as the best of N; a
+    configuration with one launch (or the top with one) gets no verdict."""
+    figs = [capacity_figures(r) for r in ranked]
+    if not ranked or not figs[0].n:
+        return [""] * len(ranked)
+    measured = [i for i in range(1, len(ranked)) if figs[i].n]
+    ivs, ahead = stats.best_of(figs[0], [figs[i] for i in measured])
+    out = ["top"] + ["no capacity"] * (len(ranked) - 1)
+    for i, iv, sure in zip(measured, ivs, ahead):
+        out[i] = stats.verdict(iv, False, sure)  # the top minus this one: positive means this one is worse
+    return out
 
 
 def pick(planned: executor.Plan, store: Store, top: int, trials: list[str] | None) -> list[tuple[object, str]]:

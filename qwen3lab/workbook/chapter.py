@@ -194,7 +194,7 @@ class ChapterRun:
         df = self.store.samples(ids, source) if ids else None
         return df if df is not None else pd.DataFrame(columns=["run_id", "t", "source", "name", "value"])
 
-    def effects(self, n_boot: int = 1000) -> pd.DataFrame:
+    def effects(self, n_boot: int = 400) -> pd.DataFrame:
         """Each ok trial against the chapter's baseline, relative change with 95% interval."""
         from qwen3lab.analysis import compare
 

@@ -57,7 +57,7 @@ class Report:
         return Markdown("\n".join(lines))
 
 
-def report(experiment: str | os.PathLike, db: str, n_boot: int = 1000) -> Report:
+def report(experiment: str | os.PathLike, db: str, n_boot: int = 400) -> Report:
     """All trials of an experiment side by side, the winner of each comparable group, and each knob's effect."""
     from qwen3lab.analysis import compare
 
