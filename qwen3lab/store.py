@@ -135,6 +135,12 @@ MIGRATIONS: list[str] = [
     # 8: the objectives of a search's study on each of its rows ("capacity,p95_ttft_ms"): a reader of the
     # rows alone (the dashboard) knows what value2 is and which way each is better, so it can draw the front
     "ALTER TABLE search_trials ADD COLUMN objectives VARCHAR;",
+    # 9: a capacity point's steady-state verdict (measure.loadpoint.assess): offered and served rate, window,
+    # queue trends, what failed, transient; and the verdict's reason in words
+    """
+    ALTER TABLE runs ADD COLUMN steady_json VARCHAR;
+    ALTER TABLE runs ADD COLUMN point_why VARCHAR;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
