@@ -53,18 +53,25 @@ def test_max_points_bounds_the_search_and_no_failure_leaves_it_unbounded():
 
 def test_point_workload_opens_the_other_axis_and_gives_each_point_its_own_seed():
     base = Workload(num_requests=50, concurrency=16, seed=3, capacity=Capacity(axis="request_rate", min_arrival_s=20))
-    a = cap.point_workload(base, base.capacity, 4.0, 0, fresh_seed=True)
-    b = cap.point_workload(base, base.capacity, 4.0, 1, fresh_seed=True)
+    a = loadpoint.point_workload(base, base.capacity, 4.0, 0, fresh_seed=True)
+    b = loadpoint.point_workload(base, base.capacity, 4.0, 1, fresh_seed=True)
     # arrivals last min_arrival_s; the requests follow from rate x time
     assert (a.request_rate, a.concurrency, a.duration_s, a.num_requests, a.capacity) == (4.0, None, 20, 81, None)
-    longer = cap.point_workload(base, base.capacity, 4.0, 1, True, loadpoint.arrival_s(base.capacity, 3.0))
+    longer = loadpoint.point_workload(base, base.capacity, 4.0, 1, True, loadpoint.arrival_s(base.capacity, 3.0))
     assert (longer.duration_s, longer.num_requests) == (30.0, 121)  # 10 lives of 3 s
     assert a.seed != b.seed
-    assert cap.point_workload(base, base.capacity, 4.0, 1, fresh_seed=False).seed == base.seed
+    assert loadpoint.point_workload(base, base.capacity, 4.0, 1, fresh_seed=False).seed == base.seed
     warm = base.model_copy(update={"warmup_requests": 6})  # the trial's warm-up goes before the first point only
-    assert [cap.point_workload(warm, base.capacity, 4.0, i, True).warmup_requests for i in (0, 1)] == [8, 2]
-    closed = cap.point_workload(base, Capacity(axis="concurrency", requests_per_point=12), 3, 0, True)
+    assert [loadpoint.point_workload(warm, base.capacity, 4.0, i, True).warmup_requests for i in (0, 1)] == [8, 2]
+    closed = loadpoint.point_workload(base, Capacity(axis="concurrency", requests_per_point=12), 3, 0, True)
     assert (closed.concurrency, closed.request_rate, closed.num_requests, closed.duration_s) == (3, None, 12, 60.0)
+
+
+def test_a_point_is_planned_on_the_life_of_the_highest_pass_below_it_else_the_shortest_measured():
+    assert loadpoint.planned_life([], 4.0) is None  # the first point measures its own
+    lives = [(2.0, 1.0, True), (4.0, 1.5, True), (8.0, 12.0, False)]
+    assert loadpoint.planned_life(lives, 6.0) == 1.5 and loadpoint.planned_life(lives, 3.0) == 1.0
+    assert loadpoint.planned_life([(8.0, 12.0, False), (4.0, 9.0, False)], 2.0) == 9.0  # a queue's life, the shortest
 
 
 def _record(i: int, ttft: float | None, error: str | None = None, sent_at: float = 10.0):

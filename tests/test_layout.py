@@ -15,7 +15,7 @@ LAYERS = [
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
      "analysis.drift", "measure.router"],
     ["measure.loadgen", "measure.topology", "measure.runner", "measure.executor", "measure.ray_worker", "measure.ray_executor",
-     "measure.capacity", "measure.search", "measure.soak"],
+     "measure.loadpoint", "measure.capacity", "measure.search", "measure.soak"],
     ["analysis.export", "analysis.importers", "analysis.plots", "analysis.wording", "analysis.efficiency"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
      "dashboard_launch", "cli", "__main__", "kuberay"],

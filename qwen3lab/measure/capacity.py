@@ -25,13 +25,12 @@ import pandas as pd
 
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
-from qwen3lab.experiment.spec import Capacity, Trial, Workload
+from qwen3lab.experiment.spec import Capacity, Trial
 from qwen3lab.measure import engine, executor, loadpoint, runner, topology
 from qwen3lab.store import Store
 
 # Outcomes of a whole search: bracketed, no failure found within max_points, or no point passed.
 SEARCH_DONE = ("ok", "unbounded", "none_passed")
-SEED_STRIDE = 1009  # a fresh prompt seed per point: seed + index * stride
 
 
 @dataclass
@@ -48,16 +47,13 @@ class Point:
 
     def row(self) -> dict:
         """What `qwen3lab capacity --json` and the dashboard show of a point."""
-        st = self.steady or {}
-        trends = st.get("queue_trend") or {}
+        st, summary = self.steady or {}, self.summary or {}
         return {"index": self.index, "load": self.load, "run_id": self.run_id, "status": self.status,
-                "passed": self.passed, "why": self.why, "failed_by": st.get("failed"),
-                "transient": st.get("transient"), "offered_rate": st.get("offered_rate"),
-                "served_rate": st.get("served_rate"), "goodput_rate": st.get("goodput_rate"),
-                "steady_s": st.get("steady_s"), "attainment": self.attainment,
-                "queue_trend": {k: v and {"slope": v["slope"], "p": v["p"]} for k, v in trends.items()},
-                "p95_ttft_ms": (self.summary or {}).get("p95_ttft_ms"),
-                "p95_tpot_ms": (self.summary or {}).get("p95_tpot_ms")}
+                "passed": self.passed, "why": self.why, "failed_by": st.get("failed"), "attainment": self.attainment,
+                **{k: st.get(k) for k in ("transient", "offered_rate", "served_rate", "goodput_rate", "steady_s")},
+                "queue_trend": {k: v and {"slope": v["slope"], "p": v["p"]} for k, v in
+                                (st.get("queue_trend") or {}).items()},
+                **{k: summary.get(k) for k in ("p95_ttft_ms", "p95_tpot_ms")}}
 
 
 @dataclass
@@ -119,33 +115,6 @@ def next_load(points: list[tuple[float, bool]], spec: Capacity, start: float) ->
     return None if whole and mid <= low else mid
 
 
-def point_workload(workload: Workload, spec: Capacity, load: float, index: int, fresh_seed: bool,
-                   arrival_s: float | None = None) -> Workload:
-    """The workload of one point: the load on its axis, the other axis open, arrivals for `arrival_s` (default:
-    loadpoint.arrival_s with no life known), its own warm-up (and seed). The first point also sends the trial's
-    own warm-up: it meets a server that has just started (a cold CPU vLLM answered its first dozen requests at
-    10-20x the TTFT of later ones, and failed a point that later passed)."""
-    seconds = arrival_s or loadpoint.arrival_s(spec, None)
-    update = {"capacity": None, "duration_s": seconds,
-              "warmup_requests": spec.warmup_per_point + (workload.warmup_requests if index == 0 else 0),
-              "seed": workload.seed + index * SEED_STRIDE if fresh_seed else workload.seed}
-    if spec.axis == "request_rate":  # open loop: a queue shows up as latency; the requests follow from rate x time
-        update |= {"request_rate": float(load), "concurrency": None, "num_requests": math.ceil(load * seconds) + 1}
-    else:  # closed loop: its distinct requests, sent in turn until the arrivals end
-        update |= {"concurrency": int(load), "request_rate": None,
-                   "num_requests": spec.requests_per_point or workload.num_requests}
-    return Workload.model_validate(workload.model_dump() | update)
-
-
-def point_trial(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool,
-                arrival_s: float | None = None) -> Trial:
-    label = f"{load:g}"
-    return trial.model_copy(update={
-        "name": f"{trial.name}@{spec.axis}={label}",
-        "workload": point_workload(trial.workload, spec, load, index, fresh_seed, arrival_s),
-        "tags": {**trial.tags, "capacity_of": trial.name}, "baseline": None})
-
-
 # --- one configuration ------------------------------------------------------------------------------------
 def reset_prefix_cache(server: engine.Server) -> bool:
     """vLLM's POST /reset_prefix_cache (served only with VLLM_SERVER_DEV_MODE=1); False where it is not."""
@@ -192,7 +161,7 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
     log_path = Path(runs_dir) / search_id / "server.log"
     start = first_load(spec, trial.workload)
     measured: list[tuple[float, bool]] = []  # (load, passed) of the points that decide: not a first transient
-    life_s: float | None = None  # one request's life (median E2EL) at the newest point: plans the next one
+    lives: list[tuple[float, float, bool]] = []  # (load, median E2EL, passed) of each point: plan the next ones
     t_launch = time.monotonic()
     try:
         with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server:
@@ -206,11 +175,12 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
                     break
                 cache_reset = reset_prefix_cache(server)
                 point = _measure_point(trial, spec, load, len(result.points), not cache_reset, server, store,
-                                       search_id, experiment_path, machine, gpu_id, progress, life_s)
+                                       search_id, experiment_path, machine, gpu_id, progress, loadpoint.planned_life(lives, load))
                 result.points.append(point)
                 result.measure_s += (point.summary or {}).get("duration", 0.0)
                 steady = point.steady or {}
-                life_s = steady.get("life_s") or life_s
+                if steady.get("life_s"):
+                    lives.append((load, steady["life_s"], point.passed))
                 # a first transient at a load is measured again, planned on the life it measured; a second fails
                 if not (steady.get("transient") and not any(x == load for x, _ in measured)
                         and sum(p.load == load for p in result.points) == 1):
@@ -247,15 +217,14 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
 
 def holds(result: CapacityResult) -> str | None:
     """None when the capacity holds at its own passing point (loadpoint.invariant); else what breaks it."""
-    spec = result.trial.workload.capacity or Capacity()
-    at = [p for p in result.points if p.passed and p.load == result.capacity]
-    return loadpoint.invariant(result.axis, result.capacity, at[-1].steady if at else None, spec)
+    at = [p.steady for p in result.points if p.passed and p.load == result.capacity] or [None]
+    return loadpoint.invariant(result.axis, result.capacity, at[-1], result.trial.workload.capacity or Capacity())
 
 
 def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool, server: engine.Server,
                    store: Store, search_id: str, experiment_path: str | None, machine, gpu_id,
                    progress, life_s: float | None) -> Point:
-    pt = point_trial(trial, spec, load, index, fresh_seed, loadpoint.arrival_s(spec, life_s))
+    pt = loadpoint.point_trial(trial, spec, load, index, fresh_seed, loadpoint.arrival_s(spec, life_s))
     begun = runner.begin_run(pt, store, experiment_path, None, machine, gpu_id, search_id=search_id,
                              point_index=index, load_axis=spec.axis, offered_load=load,
                              log_path=str(server.log_path or ""),

@@ -1,4 +1,5 @@
-"""One load point of a capacity search, judged on its steady state (design: "Capacity is a steady state").
+"""One load point of a capacity search: its plan and workload, the judge on its load, and its verdict on its
+steady state (design: "Capacity is a steady state").
 
 Arrivals last `arrival_s`: the longer of `min_arrival_s` and `arrival_lifetimes` x one request's life (the median
 E2EL, from the previous point; the first point plans with min_arrival_s and measures its own). The steady window,
@@ -28,15 +29,50 @@ import numpy as np
 import pandas as pd
 
 from qwen3lab.analysis import metrics
-from qwen3lab.experiment.spec import SLO, Capacity
+from qwen3lab.experiment.spec import SLO, Capacity, Trial, Workload
 
 QUEUE = ("vllm:num_requests_waiting", "vllm:num_requests_running")
 FAILURES = ("flow", "queue", "slo")  # what a point's verdict names, in this order
+SEED_STRIDE = 1009  # a fresh prompt seed per point: seed + index * stride
 
 
 def arrival_s(spec: Capacity, life_s: float | None) -> float:
     """How long a point's arrivals last, planned on one request's life (None: not known yet)."""
     return spec.min_arrival_s if life_s is None else max(spec.min_arrival_s, spec.arrival_lifetimes * life_s)
+
+
+def planned_life(lives: list[tuple[float, float, bool]], load: float) -> float | None:
+    """The request life a point at `load` is planned on: that of the highest passing load below it, else the
+    shortest measured (a failing point's life is mostly its queue), else None (the point measures its own)."""
+    below = [(x, life) for x, life, ok in lives if ok and x <= load]
+    return max(below)[1] if below else min((life for _, life, _ in lives), default=None)
+
+
+def point_workload(workload: Workload, spec: Capacity, load: float, index: int, fresh_seed: bool,
+                   seconds: float | None = None) -> Workload:
+    """The workload of one point: the load on its axis, the other axis open, arrivals for `seconds` (default:
+    `arrival_s` with no life known), its own warm-up (and seed). The first point also sends the trial's
+    own warm-up: it meets a server that has just started (a cold CPU vLLM answered its first dozen requests at
+    10-20x the TTFT of later ones, and failed a point that later passed)."""
+    seconds = seconds or arrival_s(spec, None)
+    update = {"capacity": None, "duration_s": seconds,
+              "warmup_requests": spec.warmup_per_point + (workload.warmup_requests if index == 0 else 0),
+              "seed": workload.seed + index * SEED_STRIDE if fresh_seed else workload.seed}
+    if spec.axis == "request_rate":  # open loop: a queue shows up as latency; the requests follow from rate x time
+        update |= {"request_rate": float(load), "concurrency": None, "num_requests": math.ceil(load * seconds) + 1}
+    else:  # closed loop: its distinct requests, sent in turn until the arrivals end
+        update |= {"concurrency": int(load), "request_rate": None,
+                   "num_requests": spec.requests_per_point or workload.num_requests}
+    return Workload.model_validate(workload.model_dump() | update)
+
+
+def point_trial(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool,
+                seconds: float | None = None) -> Trial:
+    label = f"{load:g}"
+    return trial.model_copy(update={
+        "name": f"{trial.name}@{spec.axis}={label}",
+        "workload": point_workload(trial.workload, spec, load, index, fresh_seed, seconds),
+        "tags": {**trial.tags, "capacity_of": trial.name}, "baseline": None})
 
 
 @dataclass
