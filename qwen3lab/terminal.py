@@ -270,8 +270,7 @@ def capacity_table(results) -> Table:
     for name in ("trial", "status", "axis", "capacity", "bracket", "points", "start s", "search"):
         t.add_column(name, overflow="fold", justify="right" if name in ("capacity", "start s") else "left")
     for r in results:
-        points = " ".join(f"{p.load:g}{'+' if p.passed else '~' if (p.steady or {}).get('transient') else '-'}"
-                          for p in r.points)
+        points = " ".join(f"{p.load:g}{ {'pass': '+', 'fail': '-', 'transient': '~'}[p.verdict]}" for p in r.points)
         t.add_row(f"{r.trial.chapter}/{r.trial.name}", r.status, r.axis, _num(r.capacity, "{:g}"),
                   f"[{_num(r.low, '{:g}')}, {_num(r.high, '{:g}')}]", points or "-", _num(r.start_s, "{:.0f}"),
                   r.search_id)

@@ -282,7 +282,8 @@ def test_bisection_on_real_points_lands_between_last_pass_and_first_fail_and_the
         assert result.capacity == result.low == max(x for x in passes if x < min(fails))
         assert result.high == min(fails) and result.low < result.high
         spec = result.trial.workload.capacity
-        assert (result.high - result.low) / result.high <= spec.tolerance
+        # bisected to the tolerance, unless the points ran out (a transient point is measured again, at a cost)
+        assert (result.high - result.low) / result.high <= spec.tolerance or len(result.points) == spec.max_points
         stored = store.capacity_points([result.search_id])
         assert list(stored.point_verdict) == ["pass" if p.passed else "transient" if p.steady["transient"]
                                               else "fail" for p in result.points]
@@ -341,8 +342,8 @@ def test_cli_capacity_resumes_and_prints_json(searched):
         assert [r["search_id"] for r in rows[name]["launches"]] == [result.search_id]
         for shown, point in zip(rows[name]["points"], result.points):  # why each point passed, or failed
             assert (shown["passed"], shown["why"]) == (point.passed, point.why)
-            for key in ("offered_rate", "served_rate", "steady_s", "attainment"):
-                assert shown[key] == pytest.approx(point.steady[key]), key
+            for key in ("offered_rate", "served_rate", "steady_s", "attainment"):  # None where no window was
+                assert shown[key] == point.steady.get(key), key
             assert set(shown["queue_trend"]) == {"server", "client"}
     assert len(store.capacities()) == 2
 

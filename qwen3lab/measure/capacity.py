@@ -45,11 +45,16 @@ class Point:
     summary: dict | None = None
     steady: dict | None = None  # loadpoint.assess: rates, window, queue trends, what failed, transient
 
+    @property
+    def verdict(self) -> str:
+        """pass, fail, or transient (too short to show a steady state: decides nothing)."""
+        return "pass" if self.passed else "transient" if (self.steady or {}).get("transient") else "fail"
+
     def row(self) -> dict:
         """What `qwen3lab capacity --json` and the dashboard show of a point."""
         st, summary = self.steady or {}, self.summary or {}
         return {"index": self.index, "load": self.load, "run_id": self.run_id, "status": self.status,
-                "passed": self.passed, "why": self.why, "failed_by": st.get("failed"), "attainment": self.attainment,
+                "passed": self.passed, "verdict": self.verdict, "why": self.why, "failed_by": st.get("failed"), "attainment": self.attainment,
                 **{k: st.get(k) for k in ("transient", "offered_rate", "served_rate", "goodput_rate", "steady_s")},
                 "queue_trend": {k: v and {"slope": v["slope"], "p": v["p"]} for k, v in
                                 (st.get("queue_trend") or {}).items()},
@@ -255,11 +260,10 @@ def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_
     except EngineError as exc:
         status, reason, why = exc.outcome, exc.reason, exc.reason
     finally:
-        runner.finish(store, begun, status, reason, summary,
-                      {**extra, "attainment": attainment, "point_verdict": "pass" if passed else
-                       "transient" if (steady or {}).get("transient") else "fail",
-                       "point_why": why, "steady_json": steady}, refused)
-    return Point(index, load, begun.run_id, status, passed, attainment, why, summary, steady)
+        point = Point(index, load, begun.run_id, status, passed, attainment, why, summary, steady)
+        runner.finish(store, begun, status, reason, summary, {**extra, "attainment": attainment,
+                      "point_verdict": point.verdict, "point_why": why, "steady_json": steady}, refused)
+    return point
 
 
 # --- an experiment ----------------------------------------------------------------------------------------
@@ -371,7 +375,7 @@ class Listener:
         self.log(f"> {_label(trial)}: starting its server")
 
     def point(self, trial: Trial, point: Point) -> None:
-        self.log(f"    {_label(trial)} at {point.load:g}: {'pass' if point.passed else 'fail'} ({point.why})")
+        self.log(f"    {_label(trial)} at {point.load:g}: {point.verdict} ({point.why})")
 
     def requests_done(self, count: int) -> None:
         """`count` more measured requests of the running point finished."""
