@@ -10,6 +10,7 @@ machine's load average (a shared machine moves the figures: say so beside them).
 
     PYTHONPATH=$PWD .venv/bin/python bench/capacity_vs_vllm_bench.py [--seconds 60] [--min-arrival-s 60]
         [--tokens 128] [--output-tokens 128] [--ttft-ms 1500] [--tpot-ms 50] [--min-attainment 0.95]
+        [--before DIR]   # DIR: `git archive COMMIT | tar -x -C DIR` of an older checkout, timed on the same server
 """
 from __future__ import annotations
 
@@ -30,27 +31,30 @@ sys.path.insert(0, str(REPO / "bench"))
 import fidelity_bench as fb  # noqa: E402
 
 
-def experiment_yaml(args, engine: dict) -> str:
+def experiment_yaml(args, engine: dict, before: bool = False) -> str:
+    """The experiment; `before`: as the code before steady-state points took it (200 requests a point, the
+    embedded default's num_requests; no arrival settings), to time the old search on the same server."""
     import yaml
 
+    steady = {"requests_per_point": 200} if before else {"min_arrival_s": args.min_arrival_s}
     return yaml.safe_dump({
         "name": "capacity-vs-vllm", "gpu": args.gpu, "engine": engine,
         "workload": {"mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
                      "num_requests": 24, "warmup_requests": 8, "seed": 0,
                      "capacity": {"axis": "request_rate", "start": args.start, "min_attainment": args.min_attainment,
-                                  "max_points": args.max_points, "min_arrival_s": args.min_arrival_s}},
+                                  "max_points": args.max_points, **steady}},
         "slo": {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms},
         "trials": [{"name": "vllm-defaults"}],
     })
 
 
-def qwen3lab_capacity(engine: dict, args, work: Path) -> tuple[dict, float]:
-    """`qwen3lab capacity --json` (the real CLI, a fresh DuckDB): its row, and its wall seconds."""
-    exp, db = work / "capacity.yaml", work / "capacity.duckdb"
-    exp.write_text(experiment_yaml(args, engine))
+def qwen3lab_capacity(engine: dict, args, work: Path, repo: Path = REPO, tag: str = "capacity") -> tuple[dict, float]:
+    """`qwen3lab capacity --json` of the checkout `repo` (the real CLI, a fresh DuckDB): its row, its wall seconds."""
+    exp, db = work / f"{tag}.yaml", work / f"{tag}.duckdb"
+    exp.write_text(experiment_yaml(args, engine, before=repo != REPO))
     t = time.monotonic()
     got = subprocess.run([sys.executable, "-m", "qwen3lab", "capacity", str(exp), "--db", str(db), "--runs-dir",
-                          str(work / "runs"), "--json"], check=True, env=fb._env(), capture_output=True, text=True,
+                          str(work / "runs"), "--json"], check=True, env=fb._env(repo), capture_output=True, text=True,
                          cwd=work)
     (row,) = json.loads(got.stdout)
     return row, time.monotonic() - t
@@ -97,6 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-attainment", type=float, default=0.95)
     p.add_argument("--gpu", default="cpu")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--before", help="a checkout of qwen3lab before steady-state points (git archive COMMIT): its "
+                   "capacity search is timed first on the same server")
     return p.parse_args(argv)
 
 
@@ -106,14 +112,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         with fb.HandServer(work / "server.log") as server:
+            result = {}
+            if args.before:  # the old search first, on the same server: its wall time and its capacity
+                old, old_wall = qwen3lab_capacity(fb.endpoint_engine(server), args, work, Path(args.before), "before")
+                result["before"] = {"capacity": old["capacity"], "interval": old["interval"], "wall_s": old_wall,
+                                    "points": len(old["points"]), "status": old["status"]}
             row, wall = qwen3lab_capacity(fb.endpoint_engine(server), args, work)
             c, f = row["interval"]
-            result = {"qwen3lab": {"capacity": row["capacity"], "first_fail": f, "status": row["status"],
-                                   "wall_s": wall, "points": row["points"]}, "vllm_bench": {}}
+            result |= {"qwen3lab": {"capacity": row["capacity"], "first_fail": f, "status": row["status"],
+                                    "wall_s": wall, "points": row["points"]}, "vllm_bench": {}}
             for name, rate in (("at C", c), ("at F", f)):
                 if rate:
                     result["vllm_bench"][name] = vllm_bench_at(server.url, rate, args, work, name.replace(" ", "_"))
     holds = {"at C": lambda a: a >= args.min_attainment, "at F": lambda a: a < args.min_attainment}
+    if "before" in result:
+        b = result["before"]
+        print(f"before (200-request points): capacity {b['capacity']} in {b['interval']}, {b['points']} points, "
+              f"{b['wall_s']:.0f} s")
     print(f"qwen3lab capacity: C = {c} req/s, first failing load F = {f} ({row['status']}, "
           f"{len(row['points'])} points, {wall:.0f} s)")
     print(f"{'':6} {'rate':>7} {'served':>7} {'goodput':>8} {'attain':>7} {'p95 TTFT ms':>12} {'TPOT p50 ms':>12}  verdict")

@@ -62,9 +62,9 @@ if not searches.empty:
                    "one-sided p) or slo; a transient point was too short to show a steady state and decides nothing.")
         rows = pd.DataFrame([{"configuration": names.get(sid, sid)} | p.row() for sid, p in zip(
             points.search_id, cap.stored_points(points))])
-        for side in ("server", "client"):
-            rows[f"{side} queue slope"] = [(q or {}).get(side, {}) and q[side]["slope"] for q in rows.queue_trend]
-            rows[f"{side} queue p"] = [(q or {}).get(side, {}) and q[side]["p"] for q in rows.queue_trend]
+        for side in ("server", "client"):  # None where a point had no window (or was stored before there were)
+            for key in ("slope", "p"):
+                rows[f"{side} queue {key}"] = [((q or {}).get(side) or {}).get(key) for q in rows.queue_trend]
         st.dataframe(rows[["configuration", "index", "load", "passed", "offered_rate", "served_rate", "goodput_rate",
                            "steady_s", "server queue slope", "server queue p", "client queue slope", "client queue p",
                            "attainment", "why"]], hide_index=True, width="stretch",

@@ -211,7 +211,7 @@ class PointJudge:
     has failed for certain, so it ends early (by slo, or by queue growth)."""
 
     def __init__(self, spec: Capacity, slo: SLO, load: float, life_s: float | None, planned_s: float):
-        self.spec, self.load, self.life_s = spec, load, life_s
+        self.spec, self.load, self.life_s, self.planned_s = spec, load, life_s, planned_s
         self.request_slo = metrics.per_request_slo(slo)
         life = life_s or 0.0
         # requests expected in the window (a closed loop's rate: Little's law on the planned life); a miss
@@ -226,8 +226,12 @@ class PointJudge:
         self.early: str | None = None
         self.failed_by: str | None = None
 
+    def life(self) -> float | None:
+        """The planned life, else the median of the first lives seen (from five on)."""
+        return self.life_s or (statistics.median(self.lives) if len(self.lives) >= 5 else None)
+
     def ramp_s(self) -> float | None:
-        life = self.life_s or (statistics.median(self.lives) if len(self.lives) >= 5 else None)
+        life = self.life()
         return None if life is None else self.spec.ramp_lifetimes * life
 
     def add(self, rec) -> None:
@@ -236,7 +240,9 @@ class PointJudge:
         if rec.ok and rec.e2el is not None:
             self.lives.append(rec.e2el)
         ramp = self.ramp_s()
-        if ramp is None or rec.sent_at < ramp or self.spec.criterion != "attainment":
+        # only the window's requests count: not the ramp-up's, nor the tail's (the last life of arrivals)
+        if ramp is None or not ramp <= rec.sent_at <= self.planned_s - self.life() or \
+                self.spec.criterion != "attainment":
             return
         # Light on purpose (this runs on the load's event loop): numpy on one row, no DataFrame.
         one = metrics.RequestTable.from_columns(
