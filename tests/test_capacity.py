@@ -59,6 +59,9 @@ def test_point_workload_opens_the_other_axis_and_gives_each_point_its_own_seed()
     assert (a.request_rate, a.concurrency, a.duration_s, a.num_requests, a.capacity) == (4.0, None, 20, 81, None)
     longer = loadpoint.point_workload(base, base.capacity, 4.0, 1, True, loadpoint.arrival_s(base.capacity, 3.0))
     assert (longer.duration_s, longer.num_requests) == (30.0, 121)  # 10 lives of 3 s
+    bounded = base.capacity.model_copy(update={"max_arrival_s": 25})
+    assert loadpoint.arrival_s(bounded, 3.0) == 25 and loadpoint.arrival_s(bounded, 1.0) == 20
+    assert Workload(capacity=bounded).key_dump() != Workload(capacity=base.capacity).key_dump()
     assert a.seed != b.seed
     assert loadpoint.point_workload(base, base.capacity, 4.0, 1, fresh_seed=False).seed == base.seed
     warm = base.model_copy(update={"warmup_requests": 6})  # the trial's warm-up goes before the first point only
@@ -185,16 +188,16 @@ def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):
 # Open loop, prompts of 64 tokens, 64 generated. With max_num_seqs 4 the server completes at most 4 requests per
 # request life, and past that rate a queue grows (and TTFT with it), while vLLM's defaults schedule every request
 # at once: the two capacities part. Windows kept short for the test (arrivals of at least 6 s and 4 lives, one
-# life of ramp-up) and a flow tolerance of 15% to match (a short window's in-flight count moves by more than 5%
-# of its arrivals); tolerance 0.34 and 6 points: whichever of 2, 4, 8, 16, 32 fails first, the bisection reaches
-# the tolerance within the points.
+# life of ramp-up; at most 20 s, so a loaded machine's long lives cannot stretch the test) and a flow tolerance
+# of 15% to match (a short window's in-flight count moves by more than 5% of its arrivals); tolerance 0.34 and
+# 6 points: whichever of 2, 4, 8, 16, 32 fails first, the bisection reaches the tolerance within the points.
 EXPERIMENT = {
     "name": "cap-test", "gpu": "cpu", "engine": TINY,
     "workload": {"mix": [{"name": "q", "prompt_tokens": 64, "output_tokens": 64}], "num_requests": 12,
                  "warmup_requests": 8,  # before the first point only: a fresh server's first requests are slow
                  "capacity": {"axis": "request_rate", "start": 2, "min_attainment": 0.9, "tolerance": 0.34,
                               "max_points": 6, "warmup_per_point": 1, "min_arrival_s": 6, "arrival_lifetimes": 4,
-                              "ramp_lifetimes": 1, "flow_tolerance": 0.15}},
+                              "max_arrival_s": 20, "ramp_lifetimes": 1, "flow_tolerance": 0.15}},
     "slo": {"ttft_ms": 1000},
     # one launch each: combining launches is tested without a server (test_launches_combine_...)
     "trials": [{"name": "max-num-seqs-4", "engine.max_num_seqs": 4}, {"name": "vllm-defaults"}],

@@ -427,6 +427,9 @@ class Capacity(Strict):
     arrival_lifetimes: float = Field(
         10.0, gt=0, description="Arrivals last at least this many request lives (median E2EL, from the previous "
         "point); a passing point shorter than that is stored as transient and never decides a capacity.")
+    max_arrival_s: float | None = Field(
+        None, gt=0, description="Longest a point's arrivals last (seconds; default: no bound). Bounds a search's "
+        "time where requests live long (a loaded machine); a pass shorter than arrival_lifetimes stays transient.")
     ramp_lifetimes: float = Field(
         3.0, ge=0, description="Requests arriving in the first this many request lives (the ramp-up; a closed "
         "loop's opening burst) are stored but judged apart, as are the last life's (still in flight at the end).")
@@ -452,6 +455,8 @@ class Workload(Strict):
         out = super().key_dump()
         if out.get("capacity"):  # how many launches measure a configuration is not what the configuration is
             out["capacity"].pop("launches", None)
+            if out["capacity"].get("max_arrival_s") is None:  # added later: unset, trials keep their keys
+                out["capacity"].pop("max_arrival_s", None)
         return out
 
     api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions.")

@@ -37,8 +37,10 @@ SEED_STRIDE = 1009  # a fresh prompt seed per point: seed + index * stride
 
 
 def arrival_s(spec: Capacity, life_s: float | None) -> float:
-    """How long a point's arrivals last, planned on one request's life (None: not known yet)."""
-    return spec.min_arrival_s if life_s is None else max(spec.min_arrival_s, spec.arrival_lifetimes * life_s)
+    """How long a point's arrivals last, planned on one request's life (None: not known yet), at most
+    max_arrival_s."""
+    planned = spec.min_arrival_s if life_s is None else max(spec.min_arrival_s, spec.arrival_lifetimes * life_s)
+    return min(planned, spec.max_arrival_s or planned)
 
 
 def planned_life(lives: list[tuple[float, float, bool]], load: float) -> float | None:
