@@ -131,7 +131,8 @@ def main() -> None:
               f"{b['wall_s']:.0f} s")
     print(f"qwen3lab capacity: C = {c} req/s, first failing load F = {f} ({row['status']}, "
           f"{len(row['points'])} points, {wall:.0f} s)")
-    print(f"{'':6} {'rate':>7} {'served':>7} {'goodput':>8} {'attain':>7} {'p95 TTFT ms':>12} {'TPOT p50 ms':>12}  verdict")
+    print(f"{'':6} {'rate':>7} {'served':>7} {'goodput':>8} {'attain':>7} {'p95 TTFT ms':>12} "
+          f"{'TPOT p50 ms':>12}  verdict")
     for name, r in result["vllm_bench"].items():
         r["as_expected"] = bool(holds[name](r["attainment"]))
         print(f"{name:6} {r['rate']:7.3g} {r['served_rate']:7.3g} {r['goodput_rate'] or 0:8.3g} "

@@ -54,7 +54,8 @@ class Point:
         """What `qwen3lab capacity --json` and the dashboard show of a point."""
         st, summary = self.steady or {}, self.summary or {}
         return {"index": self.index, "load": self.load, "run_id": self.run_id, "status": self.status,
-                "passed": self.passed, "verdict": self.verdict, "why": self.why, "failed_by": st.get("failed"), "attainment": self.attainment,
+                "passed": self.passed, "verdict": self.verdict, "why": self.why, "failed_by": st.get("failed"),
+                "attainment": self.attainment,
                 **{k: st.get(k) for k in ("transient", "offered_rate", "served_rate", "goodput_rate", "steady_s")},
                 "queue_trend": {k: v and {"slope": v["slope"], "p": v["p"]} for k, v in
                                 (st.get("queue_trend") or {}).items()},
@@ -180,7 +181,8 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
                     break
                 cache_reset = reset_prefix_cache(server)
                 point = _measure_point(trial, spec, load, len(result.points), not cache_reset, server, store,
-                                       search_id, experiment_path, machine, gpu_id, progress, loadpoint.planned_life(lives, load))
+                                       search_id, experiment_path, machine, gpu_id, progress,
+                                       loadpoint.planned_life(lives, load))
                 result.points.append(point)
                 result.measure_s += (point.summary or {}).get("duration", 0.0)
                 steady = point.steady or {}
