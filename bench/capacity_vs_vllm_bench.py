@@ -117,13 +117,16 @@ def main() -> None:
                 old, old_wall = qwen3lab_capacity(fb.endpoint_engine(server), args, work, Path(args.before), "before")
                 result["before"] = {"capacity": old["capacity"], "interval": old["interval"], "wall_s": old_wall,
                                     "points": len(old["points"]), "status": old["status"]}
+                print("before:", json.dumps(result["before"]), flush=True)  # a run cut short keeps what it measured
             row, wall = qwen3lab_capacity(fb.endpoint_engine(server), args, work)
             c, f = row["interval"]
             result |= {"qwen3lab": {"capacity": row["capacity"], "first_fail": f, "status": row["status"],
                                     "wall_s": wall, "points": row["points"]}, "vllm_bench": {}}
+            print("qwen3lab:", json.dumps(result["qwen3lab"]), flush=True)
             for name, rate in (("at C", c), ("at F", f)):
                 if rate:
                     result["vllm_bench"][name] = vllm_bench_at(server.url, rate, args, work, name.replace(" ", "_"))
+                    print(f"vllm bench {name}:", json.dumps(result["vllm_bench"][name]), flush=True)
     holds = {"at C": lambda a: a >= args.min_attainment, "at F": lambda a: a < args.min_attainment}
     if "before" in result:
         b = result["before"]
