@@ -6,7 +6,8 @@ E2EL, from the previous point; the first point plans with min_arrival_s and meas
 in arrival time, is [ramp_lifetimes x life, last arrival - life]: requests that arrive during the ramp-up (a
 closed loop's opening burst among them) and those still in flight when arrivals stop are stored, judged apart.
 On the window a point fails by
-- flow: completed requests per second fall short of arriving requests per second by more than flow_tolerance;
+- flow: completed requests fall short of arriving ones by more than flow_tolerance (plus the noise of the
+  requests in flight at the window's ends, `allowed_shortfall`);
 - queue: vLLM's waiting + running requests, or the client's own in-flight count, grow through the window: the
   least-squares slope over time is positive at one-sided p < trend_alpha (Student's t on n - 2 degrees of
   freedom) and its rise over the window exceeds flow_tolerance of the window's arrivals (a queue that grew by
@@ -151,7 +152,7 @@ def assess(rows: pd.DataFrame, samples: pd.DataFrame | None, spec: Capacity, slo
     out["queue_trend"] = {k: None if v is None else {"slope": v.slope, "p": v.p, "rise": v.rise, "n": v.n}
                           for k, v in queues.items()}
     failed = []
-    if out["served_rate"] < (1 - spec.flow_tolerance) * out["offered_rate"] or \
+    if arrivals - int(done.sum()) > allowed_shortfall(spec, arrivals, out["offered_rate"], life) or \
             (spec.axis == "request_rate" and out["goodput_rate"] < floor_goodput(spec, load, span)):
         failed.append("flow")
     if any(v is not None and v.grows(arrivals, spec) for v in queues.values()):
@@ -166,6 +167,16 @@ def assess(rows: pd.DataFrame, samples: pd.DataFrame | None, spec: Capacity, slo
     out["transient"] = not failed and own_life is not None and last < spec.arrival_lifetimes * own_life
     out["why"] = describe(out, spec, load)
     return out
+
+
+def allowed_shortfall(spec: Capacity, arrivals: int, rate: float, life_s: float) -> float:
+    """Requests a steady window may complete fewer than arrive in it: flow_tolerance of its arrivals, plus the noise
+    of the requests in flight at its two ends (Little's law: rate x life on average, Poisson-spread, so the
+    difference of the two counts has sd sqrt(2 x rate x life)) at the trend test's significance. A short window's
+    handful of requests is not failed by its own noise; a long one is held to flow_tolerance."""
+    from scipy import stats
+
+    return spec.flow_tolerance * arrivals + float(stats.norm.isf(spec.trend_alpha)) * math.sqrt(2 * rate * life_s)
 
 
 def floor_goodput(spec: Capacity, load: float, span_s: float) -> float:
