@@ -13,8 +13,8 @@ On the window a point fails by
   freedom) and its rise over the window exceeds flow_tolerance of the window's arrivals (a queue that grew by
   that many requests is that share of the flow not served);
 - slo: attainment below min_attainment (criterion percentiles: the SLO percentiles of the window's requests).
-A point that would pass but whose arrivals lasted fewer than arrival_lifetimes lives is `transient`: stored, it
-never decides a capacity (the search measures that load again, planned on the life it measured).
+A point that would pass but whose arrivals lasted fewer than arrival_lifetimes lives (the longer of the life it was
+planned on and its own) is `transient`: stored, it never decides a capacity (the search measures that load again, planned on the life it measured).
 The invariant: a capacity's passing point served goodput of at least capacity x min_attainment x (1 -
 flow_tolerance), less the Poisson noise of its window's arrivals (`floor_goodput`, `invariant`); an open-loop point
 that did not is failed by flow, so no such capacity is stored.
@@ -164,7 +164,10 @@ def assess(rows: pd.DataFrame, samples: pd.DataFrame | None, spec: Capacity, slo
     if not slo_ok:
         failed.append("slo")
     out["failed"] = failed
-    out["transient"] = not failed and own_life is not None and last < spec.arrival_lifetimes * own_life
+    # the longer of the planned life and its own: a window planned on a short life is no longer a steady state
+    lives = max(life, own_life or 0.0)
+    out["transient"] = not failed and last < spec.arrival_lifetimes * lives
+    out["lives"] = lives
     out["why"] = describe(out, spec, load)
     return out
 
@@ -198,7 +201,7 @@ def describe(out: dict, spec: Capacity, load: float) -> str:
     if out["failed"]:
         return f"failed by {' and '.join(out['failed'])}: {flows}; {att}; " + ", ".join(rises)
     if out["transient"]:
-        return (f"transient: arrivals lasted {out['arrival_s']:.1f} s, a request lives {out['life_s']:.2f} s "
+        return (f"transient: arrivals lasted {out['arrival_s']:.1f} s, a request lives {out['lives']:.2f} s "
                 f"(need {spec.arrival_lifetimes:g} lives)")
     return f"steady: {flows}; {att}"
 
