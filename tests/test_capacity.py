@@ -177,6 +177,12 @@ def test_a_point_shorter_than_its_lives_is_transient_and_never_a_capacity():
     # long enough for its own life, not for the life it was planned on (a window of a few seconds): transient
     planned_long = loadpoint.assess(_rows(20, 30, 1.0), None, spec, SLO(ttft_ms=1000), 20.0, 6.0)
     assert planned_long["transient"] and "a request lives 6.00 s" in planned_long["why"]
+    # arrivals planned for exactly 10 lives, run to their end: steady, though the last Poisson arrival came earlier
+    sparse = _rows(0.5, 40, 4.0)
+    assert sparse.sent_at.max() < 40
+    full = loadpoint.assess(sparse, None, spec.model_copy(update={"ramp_lifetimes": 1, "flow_tolerance": 0.5}),
+                            SLO(ttft_ms=1000), 0.5, 4.0, planned_s=40.0)
+    assert full["arrival_s"] == 40.0 and not full["transient"], full["why"]
 
 
 def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):

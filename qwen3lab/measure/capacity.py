@@ -246,7 +246,8 @@ def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_
         status, reason, summary, extra, refused = got.status, got.reason, got.summary, got.extra, got.refused
         if status == "ok":
             steady = loadpoint.assess(store.requests([begun.run_id]), store.samples([begun.run_id]), spec,
-                                      trial.slo, load, life_s, pt.workload.scrape_interval_s)
+                                      trial.slo, load, life_s, pt.workload.scrape_interval_s,
+                                      None if judge_.early else pt.workload.duration_s)
             if judge_.early:  # ended on a certain failure: what the window shows is added to the judge's reason
                 steady["failed"] = sorted({judge_.failed_by, *steady.get("failed", [])}, key=loadpoint.FAILURES.index)
                 steady |= {"transient": False, "why": judge_.early}

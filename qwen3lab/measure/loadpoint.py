@@ -121,17 +121,18 @@ def client_in_flight(sent: np.ndarray, ended: np.ndarray, start: float, end: flo
 
 
 def assess(rows: pd.DataFrame, samples: pd.DataFrame | None, spec: Capacity, slo: SLO, load: float,
-           life_s: float | None, scrape_s: float = 1.0) -> dict:
+           life_s: float | None, scrape_s: float = 1.0, planned_s: float | None = None) -> dict:
     """The steady-state verdict of a measured point from its stored rows: offered and served rate, the window,
     both queue trends, attainment, which of flow / queue / slo failed, the validity. `life_s`: the life the point
-    was planned on (None: its own median E2EL)."""
+    was planned on (None: its own median E2EL); `planned_s`: how long its arrivals were planned to last, when it
+    ran to their end (the last Poisson arrival comes before it, by chance)."""
     table = metrics.request_table(rows)
     sent = rows.sent_at.to_numpy(dtype=float)
     e2el = np.nan_to_num(rows.e2el.to_numpy(dtype=float), nan=0.0)  # a request failed at once ends when sent
     ended = sent + e2el
     own_life = float(np.median(table.e2el[table.ok])) if table.ok.any() else None
     life = life_s or own_life or 0.0
-    last = float(sent.max()) if len(sent) else 0.0
+    last = max(float(sent.max()) if len(sent) else 0.0, planned_s or 0.0)
     start, end = spec.ramp_lifetimes * life, last - life
     out = {"life_s": own_life, "planned_life_s": life_s, "arrival_s": last, "window": [start, end],
            "steady_s": max(end - start, 0.0)}
