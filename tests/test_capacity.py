@@ -75,6 +75,7 @@ def test_a_point_is_planned_on_the_life_of_the_highest_pass_below_it_else_the_sh
     lives = [(2.0, 1.0, True), (4.0, 1.5, True), (8.0, 12.0, False)]
     assert loadpoint.planned_life(lives, 6.0) == 1.5 and loadpoint.planned_life(lives, 3.0) == 1.0
     assert loadpoint.planned_life([(8.0, 12.0, False), (4.0, 9.0, False)], 2.0) == 9.0  # a queue's life, the shortest
+    assert loadpoint.planned_life(lives + [(6.0, 3.0, False)], 6.0) == 3.0  # a transient at 6 measured again
 
 
 def _record(i: int, ttft: float | None, error: str | None = None, sent_at: float = 10.0):
@@ -194,17 +195,18 @@ def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):
     assert "workload.capacity.axis" in str(got.value) and "request_rate" in str(got.value)
 
 
-# Open loop, prompts of 64 tokens, 64 generated. With max_num_seqs 4 the server completes at most 4 requests per
-# request life, and past that rate a queue grows (and TTFT with it), while vLLM's defaults schedule every request
-# at once: the two capacities part. Windows kept short for the test (arrivals of at least 6 s and 4 lives, one
+# Open loop, prompts of 64 tokens, 128 generated. With max_num_seqs 4 the server completes at most 4 requests per
+# request life (a 128-token generation), and past that rate a queue grows (and TTFT with it), while vLLM's
+# defaults schedule every request at once: the two capacities part (with 64 tokens both stopped at the 2 cores'
+# own limit, 3 req/s, on an idle machine). Windows kept short for the test (arrivals of at least 6 s and 4 lives, one
 # life of ramp-up; at most 20 s, so a loaded machine's long lives cannot stretch the test) and a flow tolerance
 # of 15% to match (a short window's in-flight count moves by more than 5% of its arrivals); tolerance 0.34 and
-# 6 points: whichever of 2, 4, 8, 16, 32 fails first, the bisection reaches the tolerance within the points.
+# 6 points: whichever of 1, 2, 4, 8, 16 fails first, the bisection reaches the tolerance within the points.
 EXPERIMENT = {
     "name": "cap-test", "gpu": "cpu", "engine": TINY,
-    "workload": {"mix": [{"name": "q", "prompt_tokens": 64, "output_tokens": 64}], "num_requests": 12,
+    "workload": {"mix": [{"name": "q", "prompt_tokens": 64, "output_tokens": 128}], "num_requests": 12,
                  "warmup_requests": 8,  # before the first point only: a fresh server's first requests are slow
-                 "capacity": {"axis": "request_rate", "start": 2, "min_attainment": 0.9, "tolerance": 0.34,
+                 "capacity": {"axis": "request_rate", "start": 1, "min_attainment": 0.9, "tolerance": 0.34,
                               "max_points": 6, "warmup_per_point": 1, "min_arrival_s": 6, "arrival_lifetimes": 4,
                               "max_arrival_s": 20, "ramp_lifetimes": 1, "flow_tolerance": 0.15}},
     "slo": {"ttft_ms": 1000},
@@ -288,9 +290,10 @@ def test_bisection_on_real_points_lands_between_last_pass_and_first_fail_and_the
     for result in results.values():
         assert result.status == "ok", result.reason
         # a transient point decides nothing; its load is measured again, and a second transient there fails
-        again = [p.load for p in result.points if sum(q.load == p.load for q in result.points) > 1]
-        passes = [p.load for p in result.points if p.passed]
-        fails = [p.load for p in result.points if not p.passed and (not p.steady["transient"] or p.load in again)]
+        pts = result.points
+        passes = [p.load for p in pts if p.passed]
+        fails = [p.load for i, p in enumerate(pts) if not p.passed and
+                 (not p.steady["transient"] or any(q.load == p.load for q in pts[:i]))]
         assert result.capacity == result.low == max(x for x in passes if x < min(fails))
         assert result.high == min(fails) and result.low < result.high
         spec = result.trial.workload.capacity

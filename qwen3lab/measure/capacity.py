@@ -186,8 +186,8 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
                 result.points.append(point)
                 result.measure_s += (point.summary or {}).get("duration", 0.0)
                 steady = point.steady or {}
-                if steady.get("life_s"):
-                    lives.append((load, steady["life_s"], point.passed))
+                if steady.get("life_s") or steady.get("lives"):
+                    lives.append((load, max(steady.get("life_s") or 0, steady.get("lives") or 0), point.passed))
                 # a first transient at a load is measured again, planned on the life it measured; a second fails
                 if not (steady.get("transient") and not any(x == load for x, _ in measured)
                         and sum(p.load == load for p in result.points) == 1):

@@ -45,8 +45,12 @@ def arrival_s(spec: Capacity, life_s: float | None) -> float:
 
 
 def planned_life(lives: list[tuple[float, float, bool]], load: float) -> float | None:
-    """The request life a point at `load` is planned on: that of the highest passing load below it, else the
-    shortest measured (a failing point's life is mostly its queue), else None (the point measures its own)."""
+    """The request life a point at `load` is planned on: that measured at this very load (a transient point measured
+    again), else that of the highest passing load below it, else the shortest measured (a failing point's life is
+    mostly its queue), else None (the point measures its own)."""
+    here = [life for x, life, _ in lives if x == load]
+    if here:
+        return max(here)
     below = [(x, life) for x, life, ok in lives if ok and x <= load]
     return max(below)[1] if below else min((life for _, life, _ in lives), default=None)
 
