@@ -140,6 +140,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN attention_backend VARCHAR;
     ALTER TABLE runs ADD COLUMN flash_attn_version INTEGER;
     """,
+    # 10: a capacity point's steady-state verdict (measure.loadpoint.assess): offered and served rate, window,
+    # queue trends, what failed, transient; and the verdict's reason in words
+    """
+    ALTER TABLE runs ADD COLUMN steady_json VARCHAR;
+    ALTER TABLE runs ADD COLUMN point_why VARCHAR;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",

@@ -255,13 +255,14 @@ def sweep_table(result, db: str) -> Table:
 
 # --- capacity and search: `qwen3lab capacity`, `qwen3lab search` ------------------------------------------
 def capacity_table(results) -> Table:
-    """One row per configuration: capacity, its bracket, and the points measured (load: pass/fail)."""
+    """One row per configuration: capacity, its bracket, and the points measured (load: + pass, - fail,
+    ~ transient: too short to show a steady state)."""
     t = Table(title="Capacity under the SLOs (largest passing load; bracket = last pass, first fail)",
               box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("trial", "status", "axis", "capacity", "bracket", "points", "start s", "search"):
         t.add_column(name, overflow="fold", justify="right" if name in ("capacity", "start s") else "left")
     for r in results:
-        points = " ".join(f"{p.load:g}{'+' if p.passed else '-'}" for p in r.points)
+        points = " ".join(f"{p.load:g}{ {'pass': '+', 'fail': '-', 'transient': '~'}[p.verdict]}" for p in r.points)
         t.add_row(f"{r.trial.chapter}/{r.trial.name}", r.status, r.axis, _num(r.capacity, "{:g}"),
                   f"[{_num(r.low, '{:g}')}, {_num(r.high, '{:g}')}]", points or "-", _num(r.start_s, "{:.0f}"),
                   r.search_id)

@@ -408,7 +408,8 @@ def test_capacity_searches_run_as_tasks_one_server_each_and_resume(cluster, tmp_
     """`qwen3lab capacity --executor ray`: each configuration's search is one task, its points runs of one server
     on one node, its row and every point stored by the driver; both searches at once on the two slot nodes."""
     path = experiment(tmp_path, "ray-capacity", "{num_requests: 6, mix: fixed-128, capacity: {axis: concurrency, "
-                      "start: 1, max_points: 3, tolerance: 0.5, requests_per_point: 6, warmup_per_point: 1}}", """
+                      "start: 1, max_points: 3, tolerance: 0.5, requests_per_point: 6, warmup_per_point: 1, "
+                      "min_arrival_s: 4, arrival_lifetimes: 2, ramp_lifetimes: 0.5}}", """
         main:
           trials: [{name: seqs-2, engine.max_num_seqs: 2}, {name: seqs-8, engine.max_num_seqs: 8}]
         """)

@@ -363,7 +363,9 @@ db = "qwen3lab.duckdb"  # the DuckDB file: the candidates' stored runs, and wher
 runs_dir = "runs"  # server logs: runs/<search_id>/server.log
 top = 2  # leading candidates: the trials with the highest stored goodput under the SLOs, beside the baseline
 trials = None  # or these trials by name, e.g. ["max-num-seqs-4", "vllm-defaults"]
-requests_per_point = 24  # measured requests per load point (None: workload.capacity's, else num_requests)
+chapter = None  # or a chapter's trials (`qwen3lab sweep` passes the experiment's capacity chapter)
+notebook_path = None  # where this executed notebook is written (qwen3lab sweep sets it)
+requests_per_point = None  # closed loop: distinct requests per point (None: workload.capacity's, else num_requests)
 max_points = None  # most load points per configuration (None: workload.capacity's, 12 by default)''',
          tags=["parameters"]),
     md('''\
@@ -371,15 +373,17 @@ max_points = None  # most load points per configuration (None: workload.capacity
 
 How much load does each configuration serve within the SLOs? For the baseline and the leading candidates, one
 server per configuration stays up while the load (`workload.capacity.axis`: request rate or concurrency) is
-doubled to the first failing point and then bisected; a point passes when at least `min_attainment` of its
-requests (failures count as misses) meet every SLO. Configurations are ranked by capacity, with the bracket
-(last passing point, first failing one) as its interval.'''),
+doubled to the first failing point and then bisected. Each point is judged on its steady window (arrivals many
+request lives long, the ramp-up and the tail judged apart): it fails by flow (served below offered), by a growing
+queue, or by the SLO (fewer than `min_attainment` of its requests meet every SLO); a point too short to show a
+steady state is transient and decides nothing (docs/capacity.md). Configurations are ranked by capacity, with the
+bracket (last passing point, first failing one) as its interval; the last table says why each point passed.'''),
     code('''\
 from qwen3lab.analysis import plots
 from qwen3lab import workbook
 
 workbook.chdir_repo()
-cc = workbook.capacity_chapter(experiment, db, runs_dir, top=top, trials=trials,
+cc = workbook.capacity_chapter(experiment, db, runs_dir, top=top, trials=trials, chapter=chapter,
                                requests_per_point=requests_per_point, max_points=max_points)
 cc.table()'''),
     md("## Latency against offered load (star: capacity; dotted: the SLO)"),
@@ -388,6 +392,8 @@ cc.table()'''),
     md("## Goodput and attainment against offered load"),
     code('plots.load_curve_figure(cc.points(), cc.searches(), "request_goodput")'),
     code('plots.load_curve_figure(cc.points(), cc.searches(), "attainment", cc.limit("attainment"))'),
+    md("## Each point's steady window: offered and served rate, queue trend, verdict"),
+    code('cc.point_table()'),
 ])
 
 NOTEBOOKS = {

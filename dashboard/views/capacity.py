@@ -7,6 +7,7 @@ import streamlit as st
 from dashboard import ui
 from qwen3lab.analysis import plots
 from qwen3lab.errors import Qwen3LabError
+from qwen3lab.measure import capacity as cap
 
 st.title("Capacity")
 try:
@@ -55,6 +56,20 @@ if not searches.empty:
                "p99_e2el_ms": ("e2el_p99_ms", "e2el_ms")}[metric]
         limit = next((slo[k] for k in key if slo.get(k)), None)
     st.plotly_chart(plots.load_curve_figure(points, chosen, metric, limit), width="stretch")
+    if not points.empty:
+        st.subheader("Load points")
+        st.caption("Each point is judged on its steady window (arrivals after the ramp-up, before the tail): it "
+                   "fails by flow (served below offered), queue (vLLM's or the client's queue grows: slope and "
+                   "one-sided p) or slo; a transient point was too short to show a steady state and decides nothing.")
+        rows = pd.DataFrame([{"configuration": names.get(sid, sid)} | p.row() for sid, p in zip(
+            points.search_id, cap.stored_points(points))])
+        for side in ("server", "client"):  # None where a point had no window (or was stored before there were)
+            for key in ("slope", "p"):
+                rows[f"{side} queue {key}"] = [((q or {}).get(side) or {}).get(key) for q in rows.queue_trend]
+        st.dataframe(rows[["configuration", "index", "load", "passed", "offered_rate", "served_rate", "goodput_rate",
+                           "steady_s", "server queue slope", "server queue p", "client queue slope", "client queue p",
+                           "attainment", "why"]], hide_index=True, width="stretch",
+                     column_config={"steady_s": st.column_config.NumberColumn("steady window s", format="%.0f")})
 
 if not studies.empty:
     from qwen3lab.measure import search as se

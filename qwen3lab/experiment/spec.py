@@ -417,11 +417,29 @@ class Capacity(Strict):
     max_points: int = Field(12, ge=2, le=64, description="Most load points measured for one configuration.")
     start: float | None = Field(None, gt=0, description="First load point (default: the workload's own value on "
                                 "the axis, else 1).")
-    requests_per_point: int | None = Field(None, ge=4, description="Measured requests per point (default: num_requests).")
+    requests_per_point: int | None = Field(
+        None, ge=4, description="Closed loop: distinct requests built for a point and sent in turn until its "
+        "arrivals end (default: num_requests). An open-loop point sends load x arrival seconds of requests.")
     warmup_per_point: int = Field(2, ge=0, description="Unmeasured requests sent before each point.")
-    saturation_waiting: int | None = Field(
-        None, ge=1, description="request_rate axis: end a point as failed (saturated) once vLLM's waiting queue "
-        "holds this many requests: the server is not keeping up (default: half the point's requests).")
+    min_arrival_s: float = Field(
+        60.0, gt=0, description="Shortest time a point's arrivals last (seconds): long enough for the server to "
+        "carry the offered load, not only to absorb a burst.")
+    arrival_lifetimes: float = Field(
+        10.0, gt=0, description="Arrivals last at least this many request lives (median E2EL, from the previous "
+        "point); a passing point shorter than that is stored as transient and never decides a capacity.")
+    max_arrival_s: float | None = Field(
+        None, gt=0, description="Longest a point's arrivals last (seconds; default: no bound). Bounds a search's "
+        "time where requests live long (a loaded machine); a pass shorter than arrival_lifetimes stays transient.")
+    ramp_lifetimes: float = Field(
+        3.0, ge=0, description="Requests arriving in the first this many request lives (the ramp-up; a closed "
+        "loop's opening burst) are stored but judged apart, as are the last life's (still in flight at the end).")
+    flow_tolerance: float = Field(
+        0.05, gt=0, lt=1, description="A point fails by flow when, over its steady window, completed requests per "
+        "second fall short of arriving ones by more than this share; and by queue when the queue grows by more "
+        "than this share of the window's arrivals.")
+    trend_alpha: float = Field(
+        0.01, gt=0, lt=0.5, description="One-sided significance of the queue trend test (least-squares slope of "
+        "vLLM's waiting + running requests, and of the client's in-flight count, over the steady window).")
     launches: int = Field(
         1, ge=1, le=16, description="Fresh server launches, each searched on its own: the configuration's capacity "
         "is their median and its interval spans every launch's bracket (one launch says nothing of the spread "
@@ -437,6 +455,8 @@ class Workload(Strict):
         out = super().key_dump()
         if out.get("capacity"):  # how many launches measure a configuration is not what the configuration is
             out["capacity"].pop("launches", None)
+            if out["capacity"].get("max_arrival_s") is None:  # added later: unset, trials keep their keys
+                out["capacity"].pop("max_arrival_s", None)
         return out
 
     api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions.")

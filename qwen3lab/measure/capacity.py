@@ -1,15 +1,14 @@
-"""Capacity of one configuration under its SLOs: the largest load one server serves while the SLOs hold.
+"""Capacity of one configuration under its SLOs: the largest load one server sustains while the SLOs hold.
 
-One server stays up for every load point of a configuration (a start costs minutes on a GPU; a point costs
-seconds): health-checked between points, its prefix cache reset where vLLM allows it (else each point gets a
-fresh prompt seed, so prefix hits never carry over), a warm-up at the start of each point. The load is doubled
-up to the first failing point, then bisected until the bracket is within the tolerance. Each point is a run of
-its own, measured by the runner's `measure` and linked to its search (search_id, point_index); the capacity
-and its bracket are stored in `capacities`. A point ends early once it has failed for certain, or when vLLM's
-waiting queue shows the server is not keeping up. With `capacity.launches: N` a configuration is searched on N
-fresh launches (a search each); its capacity is their median, its interval spans every launch's bracket.
-Lines: a little over 450, because the load-axis search, a configuration's launches and an experiment's
-capacities are three levels of one concept that read each other's results.
+One server stays up for every load point of a configuration (a start costs minutes on a GPU): health-checked
+between points, its prefix cache reset where vLLM allows it (else each point gets a fresh prompt seed, so prefix
+hits never carry over), a warm-up at the start of each point. The load is doubled up to the first failing point,
+then bisected until the bracket is within the tolerance. Each point is a run of its own, linked to its search
+(search_id, point_index), and judged on its steady state (measure.loadpoint: arrivals many request lives long,
+ramp-up and tail judged apart, flow, queue trend, SLO); a transient point never decides a capacity, and a
+capacity above the goodput of its own passing point is refused (`holds`). The capacity and its bracket are
+stored in `capacities`. With `capacity.launches: N` a configuration is searched on N fresh launches (a search
+each); its capacity is their median, its interval spans every launch's bracket.
 """
 from __future__ import annotations
 
@@ -19,23 +18,20 @@ import statistics
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from qwen3lab.analysis import metrics
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
-from qwen3lab.experiment.spec import SLO, Capacity, Trial, Workload
-from qwen3lab.measure import engine, executor, runner, topology
+from qwen3lab.experiment.spec import Capacity, Trial, Workload
+from qwen3lab.measure import engine, executor, loadpoint, runner, topology
 from qwen3lab.measure.events import Listener
-from qwen3lab.measure.loadgen import RequestRecord
 from qwen3lab.store import Store
 
 # Outcomes of a whole search: bracketed, no failure found within max_points, or no point passed.
 SEARCH_DONE = ("ok", "unbounded", "none_passed")
-SEED_STRIDE = 1009  # a fresh prompt seed per point: seed + index * stride
 
 
 @dataclass
@@ -48,6 +44,23 @@ class Point:
     attainment: float | None
     why: str  # what decided the verdict
     summary: dict | None = None
+    steady: dict | None = None  # loadpoint.assess: rates, window, queue trends, what failed, transient
+
+    @property
+    def verdict(self) -> str:
+        """pass, fail, or transient (too short to show a steady state: decides nothing)."""
+        return "pass" if self.passed else "transient" if (self.steady or {}).get("transient") else "fail"
+
+    def row(self) -> dict:
+        """What `qwen3lab capacity --json` and the dashboard show of a point."""
+        st, summary = self.steady or {}, self.summary or {}
+        return {"index": self.index, "load": self.load, "run_id": self.run_id, "status": self.status,
+                "passed": self.passed, "verdict": self.verdict, "why": self.why, "failed_by": st.get("failed"),
+                "attainment": self.attainment,
+                **{k: st.get(k) for k in ("transient", "offered_rate", "served_rate", "goodput_rate", "steady_s")},
+                "queue_trend": {k: v and {"slope": v["slope"], "p": v["p"]} for k, v in
+                                (st.get("queue_trend") or {}).items()},
+                **{k: summary.get(k) for k in ("p95_ttft_ms", "p95_tpot_ms")}}
 
 
 @dataclass
@@ -70,10 +83,7 @@ class CapacityResult:
                 "search_id": self.search_id, "axis": self.axis, "status": self.status, "reason": self.reason,
                 "capacity": self.capacity, "interval": [self.low, self.high], "start_s": self.start_s,
                 "measure_s": self.measure_s,
-                "points": [{k: v for k, v in asdict(p).items() if k != "summary"} |
-                           {"p95_ttft_ms": (p.summary or {}).get("p95_ttft_ms"),
-                            "p95_tpot_ms": (p.summary or {}).get("p95_tpot_ms"),
-                            "request_goodput": (p.summary or {}).get("request_goodput")} for p in self.points],
+                "points": [p.row() for p in self.points],
                 "launches": [{"search_id": r.search_id, "status": r.status, "capacity": r.capacity,
                               "interval": [r.low, r.high], "start_s": r.start_s} for r in self.launches or [self]]}
 
@@ -110,79 +120,6 @@ def next_load(points: list[tuple[float, bool]], spec: Capacity, start: float) ->
         return None
     mid = math.floor((low + high) / 2) if whole else (low + high) / 2
     return None if whole and mid <= low else mid
-
-
-def point_workload(workload: Workload, spec: Capacity, load: float, index: int, fresh_seed: bool) -> Workload:
-    """The workload of one point: the load on its axis, the other axis open, its own warm-up (and seed). The
-    first point also sends the trial's own warm-up: it meets a server that has just started (a cold CPU vLLM
-    answered its first dozen requests at 10-20x the TTFT of later ones, and failed a point that later passed)."""
-    update = {"capacity": None, "duration_s": None, "num_requests": spec.requests_per_point or workload.num_requests,
-              "warmup_requests": spec.warmup_per_point + (workload.warmup_requests if index == 0 else 0),
-              "seed": workload.seed + index * SEED_STRIDE if fresh_seed else workload.seed}
-    if spec.axis == "request_rate":
-        update |= {"request_rate": float(load), "concurrency": None}  # open loop: a queue shows up as latency
-    else:
-        update |= {"concurrency": int(load), "request_rate": None}
-    return Workload.model_validate(workload.model_dump() | update)
-
-
-def point_trial(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool) -> Trial:
-    label = f"{load:g}"
-    return trial.model_copy(update={
-        "name": f"{trial.name}@{spec.axis}={label}",
-        "workload": point_workload(trial.workload, spec, load, index, fresh_seed),
-        "tags": {**trial.tags, "capacity_of": trial.name}, "baseline": None})
-
-
-class PointJudge:
-    """Counts good requests as they finish; says when a point has failed for certain or the server saturates."""
-
-    def __init__(self, spec: Capacity, slo: SLO, planned: int):
-        self.spec, self.planned = spec, planned
-        self.request_slo = metrics.per_request_slo(slo)
-        self.good = self.seen = 0
-        self.allowed_misses = math.floor((1 - spec.min_attainment) * planned + 1e-9)
-        self.saturation = spec.saturation_waiting or max(2, planned // 2)
-        self.early: str | None = None
-
-    def add(self, rec: RequestRecord) -> None:
-        if rec.warmup:
-            return
-        self.seen += 1
-        # Light on purpose (this runs on the load's event loop): numpy on one row, no DataFrame.
-        one = metrics.RequestTable.from_columns(
-            ok=[rec.ok], ttft=[rec.ttft], e2el=[rec.e2el], prompt_tokens=[0], chunk_times=[None], request_class=[""],
-            output_tokens=[rec.output_tokens if rec.output_tokens is not None else len(rec.chunk_times)])
-        if rec.ok and bool(one.good(self.request_slo).all()):
-            self.good += 1
-
-    def stop(self, samples: list) -> bool:
-        if self.early:
-            return True
-        if self.spec.criterion == "attainment" and self.seen - self.good > self.allowed_misses:
-            self.early = f"failed early: {self.seen - self.good} of {self.planned} requests missed the SLOs"
-        # Open loop only: with a concurrency cap the queue is bounded by it and shows up in TTFT instead.
-        waiting = [v for _, _, name, v in samples[-32:] if name == "vllm:num_requests_waiting"]
-        if self.spec.axis == "request_rate" and waiting and waiting[-1] >= self.saturation:
-            self.early = f"saturated: {int(waiting[-1])} requests waiting in vLLM's queue"
-        return self.early is not None
-
-
-def judge(spec: Capacity, slo: SLO, got: runner.Measured, rows, early: str | None) -> tuple[bool, float | None, str]:
-    """(passed, attainment, why) of a measured point from its stored request rows; attainment counts failed
-    requests as misses."""
-    table = metrics.request_table(rows)
-    n = len(table)
-    attainment = float(table.good(metrics.per_request_slo(slo)).sum()) / n if n else None
-    if got.status != "ok" or attainment is None:
-        return False, attainment, got.reason or got.status
-    if early and early.startswith("saturated"):
-        return False, attainment, early
-    if spec.criterion == "percentiles":
-        ok = metrics.meets_slo(got.summary, slo)
-        return ok, attainment, "SLO percentiles " + ("hold" if ok else "missed")
-    ok = attainment >= spec.min_attainment and not early
-    return ok, attainment, early or f"attainment {attainment:.3f} {'>=' if ok else '<'} {spec.min_attainment}"
 
 
 # --- one configuration ------------------------------------------------------------------------------------
@@ -230,24 +167,32 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
         return result
     log_path = Path(runs_dir) / search_id / "server.log"
     start = first_load(spec, trial.workload)
-    measured: list[tuple[float, bool]] = []
+    measured: list[tuple[float, bool]] = []  # (load, passed) of the points that decide: not a first transient
+    lives: list[tuple[float, float, bool]] = []  # (load, median E2EL, passed) of each point: plan the next ones
     t_launch = time.monotonic()
     try:
         with topology.open_engine(trial.engine, log_path, ready_timeout_s) as server:
             result.start_s = time.monotonic() - t_launch
             if on_server:
                 on_server(server)
-            while (load := next_load(measured, spec, start)) is not None:
+            while len(result.points) < spec.max_points and (load := next_load(measured, spec, start)) is not None:
                 if not healthy(server):
                     result.status, result.reason = server.death() if not server.alive() else \
                         ("crashed", "/health stopped answering 200 between load points")
                     break
                 cache_reset = reset_prefix_cache(server)
-                point = _measure_point(trial, spec, load, len(measured), not cache_reset, server, store, search_id,
-                                       experiment_path, machine, gpu_id, progress)
+                point = _measure_point(trial, spec, load, len(result.points), not cache_reset, server, store,
+                                       search_id, experiment_path, machine, gpu_id, progress,
+                                       loadpoint.planned_life(lives, load))
                 result.points.append(point)
                 result.measure_s += (point.summary or {}).get("duration", 0.0)
-                measured.append((load, point.passed))
+                steady = point.steady or {}
+                if steady.get("life_s") or steady.get("lives"):
+                    lives.append((load, max(steady.get("life_s") or 0, steady.get("lives") or 0), point.passed))
+                # a first transient at a load is measured again, planned on the life it measured; a second fails
+                if not (steady.get("transient") and not any(x == load for x, _ in measured)
+                        and sum(p.load == load for p in result.points) == 1):
+                    measured.append((load, point.passed))
                 if on_point:
                     on_point(point)
                 if point.status != "ok" and not server.alive():
@@ -269,28 +214,48 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
                              "none_passed": f"even {high:g} failed" if high else None}.get(result.status)
         result.low, result.high = low, high
         result.capacity = low if low is not None else (0.0 if high is not None else None)
+        broken = holds(result)
+        if broken and result.status in SEARCH_DONE:  # cannot happen by construction (loadpoint); never stored silently
+            result.status, result.reason = "failed", f"invariant broken: {broken}"
         store.finish_capacity(search_id, result.status, result.reason, capacity=result.capacity, low=low, high=high,
                               points=len(result.points), server_starts=1 if result.start_s is not None else 0,
                               start_s=result.start_s, measure_s=result.measure_s)
     return result
 
 
+def holds(result: CapacityResult) -> str | None:
+    """None when the capacity holds at its own passing point (loadpoint.invariant); else what breaks it."""
+    at = [p.steady for p in result.points if p.passed and p.load == result.capacity] or [None]
+    return loadpoint.invariant(result.axis, result.capacity, at[-1], result.trial.workload.capacity or Capacity())
+
+
 def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool, server: engine.Server,
                    store: Store, search_id: str, experiment_path: str | None, machine, gpu_id,
-                   progress) -> Point:
-    pt = point_trial(trial, spec, load, index, fresh_seed)
+                   progress, life_s: float | None) -> Point:
+    pt = loadpoint.point_trial(trial, spec, load, index, fresh_seed, loadpoint.arrival_s(spec, life_s))
     begun = runner.begin_run(pt, store, experiment_path, None, machine, gpu_id, search_id=search_id,
                              point_index=index, load_axis=spec.axis, offered_load=load,
                              log_path=str(server.log_path or ""),
                              runs_dir=Path(server.log_path).parent if server.log_path else "runs")
     if begun.held:  # another qwen3lab measures this very point now: not measured twice
         return Point(index, load, begun.run_id, "held", False, None, begun.held, None)
-    judge_ = PointJudge(spec, trial.slo, pt.workload.num_requests)
+    judge_ = loadpoint.PointJudge(spec, trial.slo, load, life_s, pt.workload.duration_s)
     status, reason, summary, extra, refused, passed, attainment, why = "failed", None, None, {}, [], False, None, ""
+    steady = None
     try:
         got = runner.measure(server, pt, store, begun, progress, judge_.add, judge_.stop)
         status, reason, summary, extra, refused = got.status, got.reason, got.summary, got.extra, got.refused
-        passed, attainment, why = judge(spec, trial.slo, got, store.requests([begun.run_id]), judge_.early)
+        if status == "ok":
+            steady = loadpoint.assess(store.requests([begun.run_id]), store.samples([begun.run_id]), spec,
+                                      trial.slo, load, life_s, pt.workload.scrape_interval_s,
+                                      None if judge_.early else pt.workload.duration_s)
+            if judge_.early:  # ended on a certain failure: what the window shows is added to the judge's reason
+                steady["failed"] = sorted({judge_.failed_by, *steady.get("failed", [])}, key=loadpoint.FAILURES.index)
+                steady |= {"transient": False, "why": judge_.early}
+            attainment, why = steady.get("attainment"), steady["why"]
+            passed = not steady["failed"] and not steady["transient"]
+        else:
+            why = reason or status
         if judge_.early:
             summary |= {"ended_early": judge_.early}
     except KeyboardInterrupt:
@@ -299,9 +264,10 @@ def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_
     except EngineError as exc:
         status, reason, why = exc.outcome, exc.reason, exc.reason
     finally:
-        runner.finish(store, begun, status, reason, summary,
-                      {**extra, "attainment": attainment, "point_verdict": "pass" if passed else "fail"}, refused)
-    return Point(index, load, begun.run_id, status, passed, attainment, why, summary)
+        point = Point(index, load, begun.run_id, status, passed, attainment, why, summary, steady)
+        runner.finish(store, begun, status, reason, summary, {**extra, "attainment": attainment,
+                      "point_verdict": point.verdict, "point_why": why, "steady_json": steady}, refused)
+    return point
 
 
 # --- an experiment ----------------------------------------------------------------------------------------
@@ -404,7 +370,7 @@ def told(result: CapacityResult) -> str:
 
 
 def told_point(point: Point) -> str:
-    return f"at {point.load:g}: {'pass' if point.passed else 'fail'} ({point.why})"
+    return f"at {point.load:g}: {point.verdict} ({point.why})"
 
 
 def told_resumed(result: CapacityResult) -> str:
@@ -439,12 +405,20 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
 
 def resumed_result(trial: Trial, row: dict, store: Store, why: str = "measured earlier") -> CapacityResult:
     """A stored search (a `capacities` row and its points) as the result it was."""
-    pts = store.capacity_points([row["search_id"]])
-    points = [Point(int(r.point_index), float(r.offered_load), r.run_id, r.status, r.point_verdict == "pass",
-                    None if r.attainment != r.attainment else float(r.attainment), why,
-                    {"p95_ttft_ms": r.p95_ttft_ms, "p95_tpot_ms": r.p95_tpot_ms, "request_goodput": r.request_goodput})
-              for r in pts.itertuples()] if not pts.empty else []
+    points = stored_points(store.capacity_points([row["search_id"]]), why)
     nan = lambda v: None if v is None or v != v else float(v)  # noqa: E731
     return CapacityResult(trial, row["search_id"], row["axis"], row["status"], row.get("reason"),
                           nan(row.get("capacity")), nan(row.get("low")), nan(row.get("high")), points,
                           nan(row.get("start_s")), nan(row.get("measure_s")) or 0.0)
+
+
+def stored_points(pts: pd.DataFrame, why: str = "measured earlier") -> list[Point]:
+    """Stored load points (`Store.capacity_points`) as the Points they were (`Point.row` shows one)."""
+    steady = pts.steady_json if "steady_json" in pts else [None] * len(pts)  # stores of before the steady window
+    told = pts.point_why if "point_why" in pts else [None] * len(pts)
+    return [Point(int(r.point_index), float(r.offered_load), r.run_id, r.status, r.point_verdict == "pass",
+                  None if r.attainment != r.attainment else float(r.attainment),
+                  w if isinstance(w, str) else why,
+                  {"p95_ttft_ms": r.p95_ttft_ms, "p95_tpot_ms": r.p95_tpot_ms, "request_goodput": r.request_goodput},
+                  json.loads(st) if isinstance(st, str) else None)
+            for r, st, w in zip(pts.itertuples(), steady, told)] if not pts.empty else []

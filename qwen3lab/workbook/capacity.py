@@ -52,6 +52,11 @@ class CapacityChapter:
     def points(self) -> pd.DataFrame:
         return self.store.capacity_points([r.search_id for r in self.results])
 
+    def point_table(self) -> pd.DataFrame:
+        """Every point of every configuration as `qwen3lab capacity --json` shows it (why it passed or failed)."""
+        rows = [{"chapter": r.trial.chapter, "trial": r.trial.name} | p.row() for r in self.results for p in r.points]
+        return pd.DataFrame(rows).drop(columns=["run_id"], errors="ignore")
+
     def limit(self, metric: str) -> float | None:
         """The SLO line of a load-curve metric (the attainment floor for attainment)."""
         if metric == "attainment":
@@ -82,9 +87,17 @@ def against_top(ranked: list[cap.CapacityResult]) -> list[str]:
     return out
 
 
-def pick(planned: executor.Plan, store: Store, top: int, trials: list[str] | None) -> list[tuple[object, str]]:
-    """(verdict, why) of the baseline and the `top` trials with the highest stored goodput; or `trials` by name."""
+def pick(planned: executor.Plan, store: Store, top: int, trials: list[str] | None,
+         chapter: str | None = None) -> list[tuple[object, str]]:
+    """(verdict, why) of the baseline and the `top` trials with the highest stored goodput; or `trials` by name;
+    or, with `chapter`, that chapter's trials (the experiment's capacity chapter, as `qwen3lab sweep` runs it)."""
     verdicts = [v for v in planned.verdicts if v.ok]
+    if chapter:
+        mine = [(v, "capacity chapter") for v in verdicts if v.trial.chapter == chapter]
+        if not mine:
+            raise SpecError("chapter", chapter, ", ".join(sorted({v.trial.chapter for v in verdicts})),
+                            "name a chapter of this experiment with trials that can run here, or chapter = None")
+        return mine
     if trials:
         by_name = {v.trial.name: v for v in verdicts}
         missing = [t for t in trials if t not in by_name]
@@ -107,13 +120,13 @@ def pick(planned: executor.Plan, store: Store, top: int, trials: list[str] | Non
 
 def capacity_chapter(experiment: str | os.PathLike, db: str, runs_dir: str = "runs", top: int = 2,
                      trials: list[str] | None = None, requests_per_point: int | None = None,
-                     max_points: int | None = None, log=print) -> CapacityChapter:
+                     max_points: int | None = None, log=print, chapter: str | None = None) -> CapacityChapter:
     """Measure (or resume) the capacity of the baseline and the leading candidates; see the module docstring."""
     setup_plotly()
     planned = executor.plan(experiment)
     planned.raise_errors()
     store = Store(db)
-    chosen = pick(planned, store, top, trials)
+    chosen = pick(planned, store, top, trials, chapter)
     results, whys = [], []
     for verdict, why in chosen:
         trial = verdict.trial
