@@ -75,7 +75,7 @@ def test_a_point_is_planned_on_the_life_of_the_highest_pass_below_it_else_the_sh
     lives = [(2.0, 1.0, True), (4.0, 1.5, True), (8.0, 12.0, False)]
     assert loadpoint.planned_life(lives, 6.0) == 1.5 and loadpoint.planned_life(lives, 3.0) == 1.0
     assert loadpoint.planned_life([(8.0, 12.0, False), (4.0, 9.0, False)], 2.0) == 9.0  # a queue's life, the shortest
-    assert loadpoint.planned_life(lives + [(6.0, 3.0, False)], 6.0) == 3.0  # a transient at 6 measured again
+    assert loadpoint.planned_life(lives + [(6.0, 3.0, False)], 6.0) == 3.0 * loadpoint.REPEAT_HEADROOM  # measured again
 
 
 def _record(i: int, ttft: float | None, error: str | None = None, sent_at: float = 10.0):
