@@ -186,6 +186,25 @@ def test_a_point_shorter_than_its_lives_is_transient_and_never_a_capacity():
     assert full["arrival_s"] == 40.0 and not full["transient"], full["why"]
 
 
+def test_a_window_too_short_to_resolve_the_flow_tolerance_is_transient_and_the_next_plan_resolves_it():
+    from qwen3lab.experiment.spec import SLO
+
+    # the 2-core VM's case: about 6 arrivals in a 5 s window, a request living 1.5 s; the in-flight noise at the
+    # window's ends outweighs a 15% shortfall, so the flow test could not fail it: it must not pass either
+    spec = Capacity(min_arrival_s=6, arrival_lifetimes=4, ramp_lifetimes=1, flow_tolerance=0.15)
+    short = loadpoint.assess(_rows(1.2, 8, 1.5), None, spec, SLO(ttft_ms=1000), 1.2, 1.5, planned_s=8.0)
+    assert short["failed"] == [] and short["transient"], short["why"]
+    assert "cannot tell a 15% shortfall" in short["why"] and short["flow_window_s"] > short["steady_s"]
+    # planned on its life and load, the arrivals hold a window that resolves it
+    seconds = loadpoint.arrival_s(spec, 1.5, 1.2)
+    assert seconds == pytest.approx((1 + 1) * 1.5 + loadpoint.flow_window_s(spec, 1.2, 1.5)) and seconds > 8.0
+    long = loadpoint.assess(_rows(1.2, seconds, 1.5), None, spec, SLO(ttft_ms=1000), 1.2, 1.5, planned_s=seconds)
+    assert loadpoint.in_flight_noise(spec, long["offered_rate"], 1.5) <= 0.15 * long["judged"] * 1.3
+    # a closed loop keeps its in-flight count: no flow window is added to its plan
+    closed = spec.model_copy(update={"axis": "concurrency"})
+    assert loadpoint.arrival_s(closed, 1.5, 2) == 6.0
+
+
 def test_a_bad_capacity_field_is_refused_with_its_name(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"name": "bad", "engine": TINY, "workload": {"capacity": {"axis": "qps"}},

@@ -232,7 +232,7 @@ def holds(result: CapacityResult) -> str | None:
 def _measure_point(trial: Trial, spec: Capacity, load: float, index: int, fresh_seed: bool, server: engine.Server,
                    store: Store, search_id: str, experiment_path: str | None, machine, gpu_id,
                    progress, life_s: float | None) -> Point:
-    pt = loadpoint.point_trial(trial, spec, load, index, fresh_seed, loadpoint.arrival_s(spec, life_s))
+    pt = loadpoint.point_trial(trial, spec, load, index, fresh_seed, loadpoint.arrival_s(spec, life_s, load))
     begun = runner.begin_run(pt, store, experiment_path, None, machine, gpu_id, search_id=search_id,
                              point_index=index, load_axis=spec.axis, offered_load=load,
                              log_path=str(server.log_path or ""),

@@ -1,8 +1,9 @@
 """One load point of a capacity search: its plan and workload, the judge on its load, and its verdict on its
 steady state (design: "Capacity is a steady state").
 
-Arrivals last `arrival_s`: the longer of `min_arrival_s` and `arrival_lifetimes` x one request's life (the median
-E2EL, from the previous point; the first point plans with min_arrival_s and measures its own). The steady window,
+Arrivals last `arrival_s`: the longest of `min_arrival_s`, `arrival_lifetimes` x one request's life (the median
+E2EL, from the previous point; the first point plans with min_arrival_s and measures its own) and, open loop, the
+ramp-up, the tail and a window long enough to resolve flow_tolerance (`flow_window_s`). The steady window,
 in arrival time, is [ramp_lifetimes x life, last arrival - life]: requests that arrive during the ramp-up (a
 closed loop's opening burst among them) and those still in flight when arrivals stop are stored, judged apart.
 On the window a point fails by
@@ -14,7 +15,7 @@ On the window a point fails by
   that many requests is that share of the flow not served);
 - slo: attainment below min_attainment (criterion percentiles: the SLO percentiles of the window's requests).
 A point that would pass but whose arrivals lasted fewer than arrival_lifetimes lives (the longer of the life it was
-planned on and its own) is `transient`: stored, it never decides a capacity (the search measures that load again, planned on the life it measured).
+planned on and its own), or whose window is too short for its flow test to resolve flow_tolerance, is `transient`: stored, it never decides a capacity (the search measures that load again, planned on the life it measured).
 The invariant: a capacity's passing point served goodput of at least capacity x min_attainment x (1 -
 flow_tolerance), less the Poisson noise of its window's arrivals (`floor_goodput`, `invariant`); an open-loop point
 that did not is failed by flow, so no such capacity is stored.
@@ -37,11 +38,33 @@ FAILURES = ("flow", "queue", "slo")  # what a point's verdict names, in this ord
 SEED_STRIDE = 1009  # a fresh prompt seed per point: seed + index * stride
 
 
-def arrival_s(spec: Capacity, life_s: float | None) -> float:
+def arrival_s(spec: Capacity, life_s: float | None, load: float | None = None) -> float:
     """How long a point's arrivals last, planned on one request's life (None: not known yet), at most
-    max_arrival_s."""
-    planned = spec.min_arrival_s if life_s is None else max(spec.min_arrival_s, spec.arrival_lifetimes * life_s)
+    max_arrival_s: the longest of min_arrival_s, arrival_lifetimes lives, and the ramp-up, the tail and a window
+    long enough to resolve the flow tolerance at this load (`flow_window_s`)."""
+    if life_s is None:
+        planned = spec.min_arrival_s
+    else:
+        resolving = (spec.ramp_lifetimes + 1) * life_s + flow_window_s(spec, load, life_s) \
+            if load and spec.axis == "request_rate" else 0.0
+        planned = max(spec.min_arrival_s, spec.arrival_lifetimes * life_s, resolving)
     return min(planned, spec.max_arrival_s or planned)
+
+
+def in_flight_noise(spec: Capacity, rate: float, life_s: float) -> float:
+    """Completions a window may miss by chance alone: the requests in flight at its two ends (Little's law: rate x
+    life on average, Poisson-spread, so their difference has sd sqrt(2 x rate x life)) at the trend test's
+    one-sided significance."""
+    from scipy import stats
+
+    return float(stats.norm.isf(spec.trend_alpha)) * math.sqrt(2 * rate * life_s)
+
+
+def flow_window_s(spec: Capacity, rate: float, life_s: float) -> float:
+    """The shortest steady window whose in-flight noise is at most flow_tolerance of its arrivals: shorter, a
+    shortfall of flow_tolerance cannot be told from chance, and the flow test has no power (a 5 s window of 6
+    arrivals on the 2-core VM passed serving half of them)."""
+    return in_flight_noise(spec, rate, life_s) / (spec.flow_tolerance * rate) if rate > 0 else 0.0
 
 
 # A transient point measured again is planned on this many times the life it measured: near saturation a longer
@@ -177,20 +200,23 @@ def assess(rows: pd.DataFrame, samples: pd.DataFrame | None, spec: Capacity, slo
     out["failed"] = failed
     # the longer of the planned life and its own: a window planned on a short life is no longer a steady state
     lives = max(life, own_life or 0.0)
-    out["transient"] = not failed and last < spec.arrival_lifetimes * lives
+    # and an open loop's window whose in-flight noise is more than flow_tolerance of its arrivals cannot show its
+    # flow held (a closed loop keeps its in-flight count fixed: its flow is not in doubt, its latency is)
+    unresolved = spec.axis == "request_rate" and \
+        in_flight_noise(spec, out["offered_rate"], lives) > spec.flow_tolerance * arrivals
+    out["transient"] = not failed and (last < spec.arrival_lifetimes * lives or unresolved)
     out["lives"] = lives
+    if unresolved:
+        out["flow_window_s"] = flow_window_s(spec, out["offered_rate"], lives)
     out["why"] = describe(out, spec, load)
     return out
 
 
 def allowed_shortfall(spec: Capacity, arrivals: int, rate: float, life_s: float) -> float:
-    """Requests a steady window may complete fewer than arrive in it: flow_tolerance of its arrivals, plus the noise
-    of the requests in flight at its two ends (Little's law: rate x life on average, Poisson-spread, so the
-    difference of the two counts has sd sqrt(2 x rate x life)) at the trend test's significance. A short window's
-    handful of requests is not failed by its own noise; a long one is held to flow_tolerance."""
-    from scipy import stats
-
-    return spec.flow_tolerance * arrivals + float(stats.norm.isf(spec.trend_alpha)) * math.sqrt(2 * rate * life_s)
+    """Requests a steady window may complete fewer than arrive in it: flow_tolerance of its arrivals, plus the
+    in-flight noise at its two ends. A window too short for the noise to fit inside the tolerance passes nothing
+    (`assess`: transient); a long one is held to flow_tolerance."""
+    return spec.flow_tolerance * arrivals + in_flight_noise(spec, rate, life_s)
 
 
 def floor_goodput(spec: Capacity, load: float, span_s: float) -> float:
@@ -211,9 +237,13 @@ def describe(out: dict, spec: Capacity, load: float) -> str:
     att = f"attainment {out['attainment']:.3f} (need {spec.min_attainment:g})"
     if out["failed"]:
         return f"failed by {' and '.join(out['failed'])}: {flows}; {att}; " + ", ".join(rises)
-    if out["transient"]:
+    if out["transient"] and out["arrival_s"] < spec.arrival_lifetimes * out["lives"]:
         return (f"transient: arrivals lasted {out['arrival_s']:.1f} s, a request lives {out['lives']:.2f} s "
                 f"(need {spec.arrival_lifetimes:g} lives)")
+    if out["transient"]:
+        return (f"transient: a {out['steady_s']:.0f} s window of {out['judged']} arrivals cannot tell a "
+                f"{spec.flow_tolerance:.0%} shortfall from the requests in flight at its ends (need a "
+                f"{out['flow_window_s']:.0f} s window)")
     return f"steady: {flows}; {att}"
 
 
