@@ -40,6 +40,9 @@ class RunSink(Protocol):
     def requests(self, run_ids: Sequence[str], measured_only: bool = True, with_chunks: bool = True):
         """The run's request rows as a DataFrame (the summary is computed from them)."""
 
+    def samples(self, run_ids: Sequence[str], source: str | None = None):
+        """The run's (t, source, name, value) samples as a DataFrame (a capacity point's queue trend reads them)."""
+
     def ingest_spool(self, run_id: str, path: Any) -> Any:
         """Rows a refused write left in the run's spool, stored now."""
 

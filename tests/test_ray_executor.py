@@ -404,7 +404,6 @@ def test_sweep_on_ray_measures_on_the_cluster_then_the_notebooks_find_the_runs(c
     assert next(runs.glob("ray-sweep/*/99_report.ipynb")).is_file()
 
 
-@pytest.mark.xfail(reason="steady-state capacity (issue 27) on the 2-core VM: short test windows give noisy capacities; open, see the stop note", strict=False)
 def test_capacity_searches_run_as_tasks_one_server_each_and_resume(cluster, tmp_path):
     """`qwen3lab capacity --executor ray`: each configuration's search is one task, its points runs of one server
     on one node, its row and every point stored by the driver; both searches at once on the two slot nodes."""

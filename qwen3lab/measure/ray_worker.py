@@ -35,6 +35,7 @@ class Relay:
         self.runs_dir, self.overrides, self.node = runs_dir, overrides, node
         self.events: list[tuple] = []
         self.rows: dict[str, list[dict]] = {}  # what this node relayed, for run_trial's end-of-run summary
+        self.relayed_samples: dict[str, list[tuple]] = {}  # and for a capacity point's queue trend
         self.lock = threading.Lock()
         self.spool: Path | None = None
 
@@ -95,7 +96,17 @@ class Relay:
         return df if with_chunks else df.drop(columns=["chunk_times"])
 
     def add_samples(self, run_id: str, samples) -> None:
-        self._emit("add_samples", run_id, [tuple(s) for s in samples])
+        rows = [tuple(s) for s in samples]
+        self.relayed_samples.setdefault(run_id, []).extend(rows)
+        self._emit("add_samples", run_id, rows)
+
+    def samples(self, run_ids, source: str | None = None):
+        """The samples relayed so far, as store.Store.samples returns them."""
+        import pandas as pd
+
+        rows = [(run_id, *s) for run_id in run_ids for s in self.relayed_samples.get(run_id, [])
+                if source is None or s[1] == source]
+        return pd.DataFrame(sorted(rows, key=lambda r: (r[0], r[1])), columns=["run_id", "t", "source", "name", "value"])
 
     def ingest_spool(self, run_id: str, path) -> None:
         """Nothing to do here: a write is a list append, never refused, so every row was relayed already; the
