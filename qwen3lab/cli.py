@@ -513,6 +513,10 @@ def k8s(
         sys.stdout.write(text)
 
 
+from qwen3lab import cli_builds  # noqa: E402 - the builds group, in its own module
+
+app.add_typer(cli_builds.app, name="builds")
+
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()
 
