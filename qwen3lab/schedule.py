@@ -80,6 +80,9 @@ def _calendar_field(value: str, first: int, what: str) -> str:
 
 def cron_to_calendar(expr: str) -> str:
     minute, hour, dom, month, dow = expr.split()
+    if dom != "*" and dow != "*":
+        raise SpecError("--every", expr, "a day of the month or a day of the week, not both",
+                        "cron runs on either day and systemd only on both: keep one (or use two schedules)")
     days = ""
     if dow != "*":
         names = []
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             out.write(f"{stamp()} cannot start: {exc}\n")
             return 127
         out.write(f"{stamp()} end: exit code {rc}\n")
+        held.truncate(0)  # the lock file names its holder only while held
         return rc
 
 
