@@ -98,7 +98,7 @@ class SplitTopology(Strict):
 class EngineConfig(Strict):
     """One `vllm serve` launch. Field names are vLLM's EngineArgs names."""
 
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"topology": None}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"topology": None, "build": None}
 
     kind: Literal["vllm"] = Field("vllm", description="Launch a real `vllm serve` process.")
     model: str = Field(
