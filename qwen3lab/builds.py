@@ -135,9 +135,10 @@ def add(requirement: str | None = None, name: str | None = None, python: str | N
                         "give one of them")
     if requirement is not None:
         _check_requirement(requirement)
-    name = _check_name(name or (default_name(requirement) if requirement else Path(python).resolve().parent.parent.name))
-    folder = builds_dir(where) / name
+    # a venv's bin/python is a link to the base interpreter: the venv's name comes from the path as given
     exe = None if python is None else Path(python) / "bin" / "python" if Path(python).is_dir() else Path(python)
+    name = _check_name(name or (default_name(requirement) if requirement else default_name(exe.absolute().parent.parent.name)))
+    folder = builds_dir(where) / name
     if (folder / "build.json").exists():
         old = NamedBuild(**json.loads((folder / "build.json").read_text()))
         if (old.requirement or old.python) != (requirement or str(exe.absolute())):
