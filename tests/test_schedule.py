@@ -104,7 +104,7 @@ def test_the_crontab_line_runs_the_sweep_locked_logged_and_resumable(tiny_server
     assert "start: " in text and "end: exit code 0" in text, text[-3000:]
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.sql("SELECT trial, status FROM runs").fetchall() == [("nightly", "ok")]
-        assert con.sql("SELECT count(*) FROM requests").fetchone()[0] == 3
+        assert con.sql("SELECT count(*) FROM requests").fetchall() == [(3,)]
 
     with open(j.lock, "a+") as held:  # another run holds the database
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,7 +112,7 @@ def test_the_crontab_line_runs_the_sweep_locked_logged_and_resumable(tiny_server
     assert again.returncode == schedule.SKIPPED
     assert log.read_text().splitlines()[-1].endswith(f"skipped: {j.lock} is held by another run (pid unknown)")
     with duckdb.connect(str(db), read_only=True) as con:
-        assert con.sql("SELECT count(*) FROM runs").fetchone()[0] == 1
+        assert con.sql("SELECT count(*) FROM runs").fetchall() == [(1,)]
 
 
 def test_the_guard_logs_a_failing_command_and_passes_its_exit_code(tmp_path):
