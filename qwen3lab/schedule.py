@@ -272,12 +272,18 @@ def install(target: str, files: dict[str, str], name: str) -> str:
     if target == "systemd":
         user = os.geteuid() != 0
         where = Path.home() / ".config/systemd/user" if user else Path("/etc/systemd/system")
+        ctl = ["systemctl", *(["--user"] if user else [])]
+        run(*ctl, "--version")  # no systemctl: nothing written
         where.mkdir(parents=True, exist_ok=True)
         for file, text in files.items():
             (where / file).write_text(text)
-        ctl = ["systemctl", *(["--user"] if user else [])]
-        run(*ctl, "daemon-reload")
-        run(*ctl, "enable", "--now", f"{name}.timer")
+        try:
+            run(*ctl, "daemon-reload")
+            run(*ctl, "enable", "--now", f"{name}.timer")
+        except Qwen3LabError:
+            for file in files:  # not switched on: leave no unit behind
+                (where / file).unlink(missing_ok=True)
+            raise
         return f"{where}: {name}.timer enabled ({' '.join(ctl)} list-timers shows the next run)"
     if target == "cron":
         kept = [line for line in run("crontab", "-l").splitlines(keepends=True) if not line.rstrip().endswith(CRON_MARK + name)]
