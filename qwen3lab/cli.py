@@ -513,6 +513,41 @@ def k8s(
         sys.stdout.write(text)
 
 
+@app.command()
+def schedule(
+    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
+    every: str = typer.Option(..., "--every", help="1d, Nh, Nm, or five cron fields ('0 3 * * 1-5')."),
+    at: Optional[str] = typer.Option(None, "--at", help="HH:MM: the time of a daily run (default 02:00), the minute of an hourly one."),
+    target: str = typer.Option("systemd", "--target", help="systemd (service + timer), cron (a crontab line) or k8s (a CronJob)."),
+    install: bool = typer.Option(False, "--install", help="Install it (systemctl enable, crontab, kubectl apply) instead of printing it."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the files into this folder (default: print them)."),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Only these chapters (repeatable)."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Log file of the scheduled runs (default: beside the DuckDB)."),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="k8s: namespace of the objects."),
+    db: str = DB,
+):
+    """Run the sweep on a timer, one at a time per database (a lock), logged to a file; each run resumes."""
+    from qwen3lab import schedule as sched
+
+    try:
+        files = sched.render(target, experiment, every, at, db, log, tuple(only or ()), namespace)
+        if install:
+            err.print(f"installed into {sched.install(target, files, next(iter(files)).rsplit('.', 1)[0])}")
+    except Qwen3LabError as exc:
+        _fail(exc)
+    for file, text in files.items():
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / file).write_text(text)
+            err.print(f"wrote {out / file}")
+        elif not install:
+            sys.stdout.write(f"# --- {file}\n{text}")
+
+
+from qwen3lab import cli_builds  # noqa: E402 - the builds group, in its own module
+
+app.add_typer(cli_builds.app, name="builds")
+
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()
 

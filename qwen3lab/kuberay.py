@@ -127,10 +127,11 @@ def _workers(shape: Shape, per_node: int, gpu: bool) -> dict:
                                   "volumes": volumes}}}
 
 
-def manifest_text(path: str | Path, shape: Shape) -> str:
+def yaml_text(docs: list[dict]) -> str:
+    """Manifests as YAML documents, a multi-line string (an experiment file) kept as a block, as it was written."""
     import yaml
 
-    class Readable(yaml.SafeDumper):  # the experiment file kept as a block, as it was written
+    class Readable(yaml.SafeDumper):
         def ignore_aliases(self, data):
             return True
 
@@ -139,9 +140,12 @@ def manifest_text(path: str | Path, shape: Shape) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if block else None)
 
     Readable.add_representer(str, text)
+    return "---\n".join(yaml.dump(d, Dumper=Readable, sort_keys=False, width=10**6) for d in docs)
+
+
+def manifest_text(path: str | Path, shape: Shape) -> str:
     docs = manifests(path, shape)
     header = [f"qwen3lab k8s {path} --image {shape.image}: KubeRay RayCluster + RayJob running the experiment.",
               "kubectl apply -f THIS.yaml   (needs the KubeRay operator: helm install kuberay-operator kuberay/kuberay-operator)",
               f"Results: the DuckDB at {DATA_DIR}/qwen3lab.duckdb on PVC {docs[1]['metadata']['name']}."]
-    body = "---\n".join(yaml.dump(d, Dumper=Readable, sort_keys=False, width=10**6) for d in docs)
-    return "".join(f"# {line}\n" for line in header) + body
+    return "".join(f"# {line}\n" for line in header) + yaml_text(docs)

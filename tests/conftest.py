@@ -96,6 +96,9 @@ def pytest_configure(config):
 # list cannot silently go stale: add the test's name here, or take one of the fixtures.
 SERVER_FIXTURES = {"tiny_server", "searched", "soaked", "cluster", "backend", "executed"}
 SERVER_TESTS = {
+    "test_builds.py::test_a_trial_on_a_named_build_runs_on_it_and_its_run_names_it",
+    "test_builds.py::test_builds_add_again_checks_the_cached_release",  # imports vLLM (its check), no server
+    "test_builds.py::test_remove_forgets_a_named_python_and_leaves_it",  # imports vLLM (its check), no server
     "test_cli.py::test_run_end_to_end_then_resume",
     "test_engine.py::test_unknown_flag_fails_with_the_reason_from_the_log",
     "test_engine.py::test_kv_cache_too_small_is_out_of_memory",

@@ -41,8 +41,10 @@ def render() -> str:
 
     group = typer.main.get_command(app)
     parts = [HEADER, "```\n", help_text(), "\n```\n"]
-    for name in group.commands:  # in the order the CLI lists them
+    for name, command in group.commands.items():  # in the order the CLI lists them
         parts += [f"\n## qwen3lab {name}\n\n```\n", help_text(name), "\n```\n"]
+        for sub in getattr(command, "commands", {}):  # a group's commands (`qwen3lab builds add`)
+            parts += [f"\n### qwen3lab {name} {sub}\n\n```\n", help_text(name, sub), "\n```\n"]
     return "".join(parts)
 
 

@@ -36,10 +36,20 @@ def _text(v) -> str | None:
     return str(v)
 
 
-def key_fields(row: Mapping) -> dict[str, str]:
-    """The key's fields of one run row, each as text ('unknown' when not recorded)."""
+def chosen_builds(rows: Iterable[Mapping]) -> bool:
+    """Whether the runs were launched by different pythons: builds chosen on purpose (engine.build or
+    engine.python, the attention_and_builds chapter), so the build is the knob being compared. The same python
+    with another vLLM (an upgrade in place between two runs) stays a difference of circumstance."""
+    return len({str(r.get("python_executable")) for r in rows if _text(r.get("python_executable"))}) > 1
+
+
+def key_fields(row: Mapping, across_builds: bool = False) -> dict[str, str]:
+    """The key's fields of one run row, each as text ('unknown' when not recorded); `across_builds`: without the
+    build (runs whose trials chose their builds, set against each other)."""
     out = {}
     for name, cols in FIELDS.items():
+        if across_builds and name == "build":
+            continue
         parts = [_text(row.get(c)) for c in cols]
         out[name] = UNKNOWN if all(p is None for p in parts) else " / ".join(p or "?" for p in parts)
     if (load := _text(row.get("offered_load"))) is not None:  # only load points: other runs' keys stay as stored
@@ -47,35 +57,37 @@ def key_fields(row: Mapping) -> dict[str, str]:
     return out
 
 
-def comparability_key(row: Mapping) -> str:
+def comparability_key(row: Mapping, across_builds: bool = False) -> str:
     """A short digest of the key's fields: equal keys, comparable runs."""
-    blob = json.dumps(key_fields(row), sort_keys=True).encode()
+    blob = json.dumps(key_fields(row, across_builds), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def differences(a: Mapping, b: Mapping) -> list[str]:
+def differences(a: Mapping, b: Mapping, across_builds: bool = False) -> list[str]:
     """'workload: 3f2a.. vs 91bc..' for each field of the key in which two runs differ."""
-    fa, fb = key_fields(a), key_fields(b)
+    fa, fb = key_fields(a, across_builds), key_fields(b, across_builds)
     return [f"{k}: {fa.get(k, 'none')} vs {fb.get(k, 'none')}" for k in dict.fromkeys([*fa, *fb])
             if fa.get(k) != fb.get(k)]
 
 
 def check(rows: Iterable[Mapping], labels: Iterable[str] | None = None) -> str:
-    """The one key of `rows`; raises NotComparable naming each differing field and the runs it parts."""
+    """The one key of `rows`; raises NotComparable naming each differing field and the runs it parts. Where a
+    trial among them chose its build, the builds may differ: that is what is compared."""
     rows = list(rows)
+    across = chosen_builds(rows)
     labels = list(labels) if labels is not None else [str(r.get("run_id")) for r in rows]
     if not rows:
         return ""
     first = rows[0]
     problems = [f"{labels[0]} and {lab} differ in " + "; ".join(d)
-                for r, lab in zip(rows[1:], labels[1:]) if (d := differences(first, r))]
+                for r, lab in zip(rows[1:], labels[1:]) if (d := differences(first, r, across))]
     if problems:
         raise NotComparable(
             "these runs cannot be set against each other: " + " | ".join(problems[:5])
             + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
             + ". Compare runs of one workload, tokenizer, machine and vLLM build: pick one chapter "
               "(--chapter), or runs that share the comparability key (`qwen3lab runs --json` lists it).")
-    return comparability_key(first)
+    return comparability_key(first, across)
 
 
 def groups(runs) -> list[dict]:

@@ -219,7 +219,7 @@ def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 400) -> Winner:
     if ranking.empty:
         return Winner(ranking, None, None, None)
     trials = {t.key: t for t in trials_of(runs)}
-    key = comparable.comparability_key(runs[0].row)
+    key = comparable.check([r.row for r in runs])
     if not ranking.slo_pass[0]:
         return Winner(ranking, None, None, None, key=key)  # nothing meets the SLOs: no winner, say so
     first = trials[ranking.trial_key[0]]
@@ -330,8 +330,9 @@ def winners(store: Store, experiment: str, slo: SLO, chapter: str | None = None,
             f"every ok run of {experiment}{' chapter ' + chapter if chapter else ''} ({marked}) is marked unreliable "
             "(see `qwen3lab runs`): pass --include-unreliable to rank them anyway, or measure on a quieter machine")
     groups: dict[str, list[RunData]] = {}
+    across = comparable.chosen_builds(r.row for r in data)  # a chapter of builds sets them against each other
     for r in data:
-        groups.setdefault(comparable.comparability_key(r.row), []).append(r)
+        groups.setdefault(comparable.comparability_key(r.row, across), []).append(r)
     out = []
     for runs in groups.values():
         w = pick_winner(runs, slo, n_boot)

@@ -87,6 +87,8 @@ def _clean(data: dict[str, Any], left_out: dict[str, str]) -> dict[str, Any]:
         left_out["--load-format dummy"] = "random weights: the deployment loads the real ones"
     if out.get("python"):
         left_out[f"engine.python {out.pop('python')}"] = "the measuring host's vLLM build; yours is `vllm`"
+    if out.get("build"):
+        left_out[f"engine.build {out.pop('build')}"] = "a vLLM build named on the measuring host; yours is `vllm`"
     env = dict(out.get("env") or {})
     for k in list(env):
         if k in KIT_ENV:

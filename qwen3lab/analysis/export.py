@@ -118,8 +118,8 @@ def container(config: EngineConfig, vllm_version: str | None = None, port: int =
     if config.tokenizer and Path(config.tokenizer).expanduser().is_dir():
         i = flags.index("--tokenizer")
         flags[i + 1] = _container_path(str(Path(config.tokenizer).expanduser()), mounts)
-    if config.python:
-        notes.append(f"measured with the vLLM build at {config.python}; the image brings its own vLLM")
+    if config.python or config.build:
+        notes.append(f"measured with the vLLM build {config.build or 'at ' + config.python}; the image brings its own vLLM")
     if config.numa_node is not None:
         notes.append(f"measured under numactl on NUMA node {config.numa_node}: pin the container to that node's CPUs "
                      "and memory (docker: --cpuset-cpus/--cpuset-mems; Kubernetes: the topology manager)")

@@ -230,12 +230,13 @@ def _host_rules(cfg: EngineConfig, machine: Machine, where: str, errors: list[Sp
         elif cfg.numa_node >= machine.numa_nodes:
             errors.append(SpecError("engine.numa_node", cfg.numa_node, f"0..{machine.numa_nodes - 1} on this host",
                                     "pick a node that exists (see `numactl --hardware`)", where))
-    if cfg.python is not None and not Path(cfg.python).exists():
-        skip = skip or f"the vLLM build {cfg.python} does not exist on this machine"
+    python, missing = _build_python(cfg, machine)
+    if missing:
+        skip = skip or missing
     elif machine.here:
         from qwen3lab.measure import attention, engine
 
-        build = engine.build_attention(cfg.python)
+        build = engine.build_attention(python)
         if error := attention.env_error(cfg, where, build):
             errors.append(error)
         skip = skip or attention.refusal(cfg, machine.device, build)
@@ -243,6 +244,22 @@ def _host_rules(cfg: EngineConfig, machine: Machine, where: str, errors: list[Sp
         notes.append(f"attention backend {cfg.attention_backend}: checked against the build where it runs "
                      "(a build without it is skipped there, naming the ones it has)")
     return skip
+
+
+def _build_python(cfg: EngineConfig, machine: Machine) -> tuple[str | None, str | None]:
+    """(the python the trial runs on, why it cannot run here). A build name this machine lacks is a skip naming
+    the builds it has, not an error: an experiment file travels, and each machine has the builds made on it."""
+    python = cfg.python
+    if cfg.build is not None and machine.here:
+        from qwen3lab import builds
+
+        try:
+            python = builds.get(cfg.build).python
+        except SpecError as exc:
+            return None, f"no vLLM build named {cfg.build!r} on this machine: {exc.allowed}. Fix: {exc.fix}"
+    if python is not None and not Path(python).exists():
+        return None, f"the vLLM build {python} does not exist on this machine"
+    return python, None
 
 
 def plan_target(gpu_id: str | None, machine: Machine | None) -> str | None:

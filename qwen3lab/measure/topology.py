@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qwen3lab import builds
 from qwen3lab.errors import SpecError
 from qwen3lab.experiment.spec import EngineConfig
 from qwen3lab.measure import engine, router
@@ -152,7 +153,7 @@ def launch_command(config: EngineConfig) -> str:
     if config.topology is None:
         return engine.launch_command(config)
     try:
-        return shell_script(config, engine.probe_build(config.python))[0]
+        return shell_script(config, engine.probe_build(builds.python_of(config)))[0]
     except Exception:  # noqa: BLE001 - no build to probe: the readable form; the launch then says why
         return config.to_shell()
 
