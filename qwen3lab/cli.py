@@ -70,7 +70,7 @@ def run(
     address: Optional[str] = ADDRESS,
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
-    from qwen3lab import terminal
+    from qwen3lab import campaign, terminal
     from qwen3lab.measure import executor
     from qwen3lab.store import Store
 
@@ -84,7 +84,8 @@ def run(
             planned.raise_errors()
             return
         planned.raise_errors()
-        with terminal.Progress(console) as progress:
+        opts = {"only": only, "retry_failed": retry_failed, "fresh": fresh, "executor": executor_kind}
+        with campaign.opened(Store(db), "run", experiment, opts), terminal.Progress(console) as progress:
             if on_ray:
                 from qwen3lab.measure import ray_executor
 
@@ -133,15 +134,18 @@ def sweep(
             result = sw.dry_run(experiment, chapters)
             terminal.print_dry_run(result.planned, console)
         else:
-            if executor_kind == "ray":
-                from qwen3lab.measure import executor, ray_executor
-                from qwen3lab.store import Store
+            from qwen3lab import campaign
+            from qwen3lab.store import Store
 
+            with campaign.opened(Store(db), "sweep", experiment, params):  # the cluster's runs join the sweep's
+                if executor_kind == "ray":
+                    from qwen3lab.measure import executor, ray_executor
+
+                    with terminal.Progress(console) as progress:
+                        ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
+                                             address, runs_dir, retry_failed, listener=progress)
                 with terminal.Progress(console) as progress:
-                    ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
-                                         address, runs_dir, retry_failed, listener=progress)
-            with terminal.Progress(console) as progress:
-                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
+                    result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)
@@ -165,13 +169,15 @@ def capacity(
 ):
     """Capacity of each trial: one server per configuration, load doubled to the first SLO failure, then bisected.
     With --executor ray each configuration's search is a Ray task (its server on one node, searches in parallel)."""
-    from qwen3lab import terminal
+    from qwen3lab import campaign, terminal
     from qwen3lab.measure import capacity as cap
+    from qwen3lab.store import Store
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     _check_executor(executor_kind, address)
+    opts = {"only": chapters, "fresh": fresh, "executor": executor_kind}
     try:
-        with terminal.Progress(err) as listener:
+        with campaign.opened(Store(db), "capacity", experiment, opts), terminal.Progress(err) as listener:
             if executor_kind == "ray":
                 from qwen3lab.measure import ray_executor
 

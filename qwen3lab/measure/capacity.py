@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from qwen3lab import campaign
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import Capacity, Trial, Workload
@@ -159,7 +160,8 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
     search_id = store.begin_capacity(
         trial_key=trial.key, experiment=trial.experiment, chapter=trial.chapter, trial=trial.name,
         config_hash=trial.engine.config_hash(), axis=spec.axis, criterion=spec.criterion,
-        min_attainment=spec.min_attainment, tolerance=spec.tolerance, spec_json=spec.model_dump(mode="json"))
+        min_attainment=spec.min_attainment, tolerance=spec.tolerance, spec_json=spec.model_dump(mode="json"),
+        campaign_id=campaign.current())
     result = CapacityResult(trial, search_id, spec.axis, "failed")
     if verdict.skip:
         result.status, result.reason = "skipped", verdict.skip

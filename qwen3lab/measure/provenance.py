@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from qwen3lab import campaign
 from qwen3lab.experiment.spec import Trial
 from qwen3lab.hardware import catalogue as hardware
 from qwen3lab.measure import topology
@@ -52,4 +53,5 @@ def run_fields(trial: Trial, experiment_path: str | None, notebook_path: str | N
         tags_json=trial.tags, launch_command=topology.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
         env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
         host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
+        campaign_id=campaign.current(),
     )
