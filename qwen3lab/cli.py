@@ -519,6 +519,10 @@ def k8s(
         sys.stdout.write(text)
 
 
+from qwen3lab import campaign_cli  # noqa: E402 - campaigns, history, regress: registered after the helpers they use
+
+campaign_cli.register(app)
+
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()
 
