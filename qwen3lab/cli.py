@@ -134,16 +134,22 @@ def sweep(
             result = sw.dry_run(experiment, chapters)
             terminal.print_dry_run(result.planned, console)
         else:
+            from contextlib import nullcontext
+
             from qwen3lab import campaign
             from qwen3lab.store import Store
 
-            with campaign.opened(Store(db), "sweep", experiment, params):  # the cluster's runs join the sweep's
-                if executor_kind == "ray":
-                    from qwen3lab.measure import executor, ray_executor
+            planned = None
+            if executor_kind == "ray":
+                from qwen3lab.measure import executor, ray_executor
 
+                planned = executor.plan(experiment, chapters, for_written_gpu=True)
+                planned.raise_errors()
+            # with ray, the cluster's runs and the notebooks are one campaign; else sweep.sweep opens it
+            with campaign.opened(Store(db), "sweep", experiment, params) if planned else nullcontext():
+                if planned:
                     with terminal.Progress(console) as progress:
-                        ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
-                                             address, runs_dir, retry_failed, listener=progress)
+                        ray_executor.execute(planned, Store(db), address, runs_dir, retry_failed, listener=progress)
                 with terminal.Progress(console) as progress:
                     result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
@@ -175,13 +181,14 @@ def capacity(
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     _check_executor(executor_kind, address)
-    opts = {"only": chapters, "fresh": fresh, "executor": executor_kind}
     try:
-        with campaign.opened(Store(db), "capacity", experiment, opts), terminal.Progress(err) as listener:
-            if executor_kind == "ray":
+        with terminal.Progress(err) as listener:
+            if executor_kind == "ray":  # the local search opens its campaign itself, once its plan holds
                 from qwen3lab.measure import ray_executor
 
-                results = ray_executor.run_capacities(experiment, db, chapters, runs_dir, fresh, listener, address)
+                with campaign.opened(Store(db), "capacity", experiment, {"only": chapters, "fresh": fresh,
+                                                                         "executor": "ray"}):
+                    results = ray_executor.run_capacities(experiment, db, chapters, runs_dir, fresh, listener, address)
             else:
                 results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
     except Qwen3LabError as exc:

@@ -388,6 +388,13 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     store = Store(db)
     listener.started(f"{planned.experiment.name} capacity", len(planned.verdicts))
     results = []
+    with campaign.opened(store, "capacity", path, {"only": only, "fresh": fresh}):
+        _measure_all(planned, store, path, runs_dir, fresh, listener, results)
+    return results
+
+
+def _measure_all(planned, store: Store, path, runs_dir, fresh: bool, listener: Listener, results: list) -> None:
+    """Each planned trial's capacity, resumed or measured, appended to `results` as it ends."""
     for verdict in planned.verdicts:
         trial = verdict.trial
         stored = None if fresh else stored_capacity(store, trial)
@@ -402,7 +409,6 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
                              verdict=verdict, done=[] if fresh else finished_launches(store, trial))
         listener.finished(trial, result.status, told(result))
         results.append(result)
-    return results
 
 
 def resumed_result(trial: Trial, row: dict, store: Store, why: str = "measured earlier") -> CapacityResult:

