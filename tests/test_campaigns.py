@@ -33,6 +33,17 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "220"}, timeout=300)
 
 
+def _refused(*args: str) -> str:
+    """The command in this process (no interpreter start): exit code 2, and its message on one line."""
+    from typer.testing import CliRunner
+
+    from qwen3lab.cli import app
+
+    got = CliRunner().invoke(app, list(args))
+    assert got.exit_code == 2, (got.exit_code, got.stdout, got.stderr)
+    return " ".join(got.stderr.split())
+
+
 # --- campaigns ----------------------------------------------------------------------------------------------
 def test_a_campaign_is_stored_before_its_work_and_ended_with_its_status(tmp_path):
     store = Store(tmp_path / "c.duckdb")
@@ -129,22 +140,24 @@ def test_regress_exits_0_on_an_a_a_pair_of_real_campaigns(tmp_path):
     assert [r["base_launches"] for r in got["rows"]] == [3, 3, 3]
     assert "0 regression(s) beyond noise" in (tmp_path / "aa.md").read_text()
     # the same pair the other way round, and one metric only: still nothing to fail on
-    assert _cli("regress", "camp-aa-b", "camp-aa-a", "--db", store.path, "--include-unreliable",
-                "--metric", "p95_ttft_ms").returncode == 0
+    from qwen3lab.analysis import regress
+
+    back = regress.regress(store, "camp-aa-b", "camp-aa-a", ["p95_ttft_ms"], include_unreliable=True)
+    assert back.exit_code() == 0 and list(back.rows.metric) == ["p95_ttft_ms"]
 
 
 def test_bad_regress_and_history_input_is_refused_naming_the_fix(tmp_path):
     store = _aa_as_two_campaigns(tmp_path / "aa.duckdb")
-    out = _cli("regress", "camp-aa-a", "camp-nope", "--db", store.path)
-    assert out.returncode == 2 and "'camp-nope' names no campaign" in out.stderr and "qwen3lab campaigns" in out.stderr
-    out = _cli("regress", "camp-aa-a", "camp-aa-b", "--db", store.path, "--metric", "ttft")
-    assert out.returncode == 2 and "--metric 'ttft' is not one of goodput, output_throughput, p95_ttft_ms" in out.stderr
-    out = _cli("regress", "camp-aa-a", "camp-aa-b", "--db", store.path, "--fail-on", "better")
-    assert out.returncode == 2 and "--fail-on 'better' is not one of worse, never" in out.stderr
-    out = _cli("regress", "build:0.1.0", "camp-aa-b", "--db", store.path, "--include-unreliable")
-    assert out.returncode == 2 and "stored versions: 0.32.0" in out.stderr
-    out = _cli("history", "no-such-experiment", "--db", store.path)
-    assert out.returncode == 2 and "no ok launches of 'no-such-experiment'" in out.stderr
+    out = _refused("regress", "camp-aa-a", "camp-nope", "--db", store.path)
+    assert "'camp-nope' names no campaign" in out and "from `qwen3lab campaigns`" in out
+    out = _refused("regress", "camp-aa-a", "camp-aa-b", "--db", store.path, "--metric", "ttft")
+    assert "--metric 'ttft' is not one of goodput, output_throughput, p95_ttft_ms" in out
+    out = _refused("regress", "camp-aa-a", "camp-aa-b", "--db", store.path, "--fail-on", "better")
+    assert "--fail-on 'better' is not one of worse, never" in out
+    out = _refused("regress", "build:0.1.0", "camp-aa-b", "--db", store.path, "--include-unreliable")
+    assert "stored versions: 0.32.0" in out and "build:0.32.0" in out
+    out = _refused("history", "no-such-experiment", "--db", store.path)
+    assert "no ok launches of 'no-such-experiment'" in out and "qwen3lab campaigns" in out
 
 
 # --- the committed scheduled history ------------------------------------------------------------------------
