@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qwen3lab.measure import provenance
 from qwen3lab.store import Owner, Store, new_run_id, owner_alive
 
-ENV = "QWEN3LAB_CAMPAIGN"
+ENV = provenance.CAMPAIGN_ENV
+current = provenance.current_campaign  # the campaign this process (or the sweep that started its kernel) is in
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -46,11 +48,6 @@ class Campaign:
 _OPEN: dict[str, Campaign] = {}  # campaigns this process opened: a nested `opened` joins its own
 
 
-def current() -> str | None:
-    """The campaign this process (or the sweep that started its kernel) measures for."""
-    return os.environ.get(ENV) or None
-
-
 def file_digest(path: str | os.PathLike | None) -> str | None:
     """The experiment file's content digest (16 hex): what it asked for, whatever its name or commit."""
     try:
@@ -61,9 +58,7 @@ def file_digest(path: str | os.PathLike | None) -> str | None:
 
 def qwen3lab_commit() -> str | None:
     """The commit of the qwen3lab that runs (+dirty when its package has local changes)."""
-    from qwen3lab.measure.provenance import git_commit
-
-    return git_commit(str(PACKAGE_DIR))
+    return provenance.git_commit(str(PACKAGE_DIR))
 
 
 def _driver() -> str | None:

@@ -1,6 +1,7 @@
-"""The campaign commands of `qwen3lab`: campaigns, history, regress (registered on cli.app by `register`).
-
-Each is a few lines over qwen3lab/campaign.py, analysis/history.py and analysis/regress.py, and a table.
+"""The campaign commands of `qwen3lab`: campaigns, history, regress, registered on cli.app by `register`, which
+also hands over cli's shared helpers (the error exit, JSON-or-table output, experiment names), so this module
+does not import cli (no cycle). Each is a few lines over qwen3lab/campaign.py, analysis/history.py and
+analysis/regress.py, and a table.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ SLO = typer.Option(None, "--slo", help="An SLO NAME=VALUE over the stored ones (
 UNRELIABLE = typer.Option(False, "--include-unreliable", help="Count launches marked unreliable (see `qwen3lab runs`).")
 
 
+_fail = _print = _experiment_name = None  # cli's helpers, set by register
+
+
 def _num(v, fmt: str = "{:.4g}") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
@@ -35,7 +39,6 @@ def campaigns(db: str = DB, experiment: Optional[str] = typer.Option(None, "--ex
               as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
     """List campaigns (each run, sweep or capacity invocation): dates, status, builds met, runs, notebooks kept."""
     from qwen3lab import campaign
-    from qwen3lab.cli import _print
     from qwen3lab.store import Store
 
     df = campaign.listing(Store(db), experiment)
@@ -62,7 +65,6 @@ def history_(experiment: str = typer.Argument(..., help="Experiment name (as sto
     """Each trial's figures over campaigns, with each campaign's launch-to-launch interval; a change beyond noise
     from the campaign before is marked, with what changed between them (build, driver, config, commit)."""
     from qwen3lab.analysis import history
-    from qwen3lab.cli import _experiment_name, _fail, _print
     from qwen3lab.store import Store
 
     try:
@@ -99,7 +101,6 @@ def regress(base: str = typer.Argument(..., help="BASE: a campaign id (or a pref
     """NEW against BASE trial by trial (two campaigns or two builds), with the verdict rules of `winner`; exits 1 on
     a regression beyond noise (can gate a CI job or an upgrade), 0 otherwise, 2 on bad input."""
     from qwen3lab.analysis import regress as rg
-    from qwen3lab.cli import _experiment_name, _fail, _print
     from qwen3lab.store import Store
 
     if fail_on not in rg.FAIL_ON:
@@ -129,7 +130,11 @@ def regress(base: str = typer.Argument(..., help="BASE: a campaign id (or a pref
     raise typer.Exit(report.exit_code(fail_on))
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, fail, print_, experiment_name) -> None:
+    """Add the commands to `app`, with cli's helpers: fail(exc) exits 2 with the message, print_(data, as_json,
+    table) prints, experiment_name(arg) reads a stored name or a YAML file's."""
+    global _fail, _print, _experiment_name
+    _fail, _print, _experiment_name = fail, print_, experiment_name
     app.command()(campaigns)
     app.command("history")(history_)
     app.command()(regress)

@@ -526,9 +526,9 @@ def k8s(
         sys.stdout.write(text)
 
 
-from qwen3lab import campaign_cli  # noqa: E402 - campaigns, history, regress: registered after the helpers they use
+from qwen3lab import campaign_cli  # noqa: E402 - campaigns, history, regress, given the helpers above
 
-campaign_cli.register(app)
+campaign_cli.register(app, _fail, _print, _experiment_name)
 
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()
