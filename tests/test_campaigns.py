@@ -211,3 +211,29 @@ def test_regress_exits_1_on_the_planted_slower_configuration_and_0_on_an_a_a(nig
     assert json.loads(aa.stdout)["regressions"] == 0
     table = _cli("history", str(NIGHTLY), "--db", nightly.path, "--include-unreliable")
     assert table.returncode == 0 and "worse" in table.stdout and planted[0]["campaign_id"] in table.stdout
+
+
+def test_history_page_says_how_to_get_campaigns_then_draws_them(tmp_path, monkeypatch):
+    """The History page by Streamlit's AppTest: a file without campaigns says what makes one; the A/A campaigns
+    are drawn, one chart per metric, and no step is marked."""
+    pytest.importorskip("streamlit")
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    def page(db) -> AppTest:
+        monkeypatch.setenv("QWEN3LAB_DB", str(db))
+        st.cache_data.clear()
+        at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
+        at.run()
+        at.switch_page("views/history.py")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+
+    bare = dashdata.build(tmp_path / "bare.duckdb", with_extras=False)
+    assert "No campaign yet" in page(bare.path).info[0].value
+    at = page(_aa_as_two_campaigns(tmp_path / "aa.duckdb").path)
+    assert at.selectbox(key="history_experiment").value == "aa-bench"
+    assert at.selectbox(key="history_trial").value == "aa/one-config"
+    assert len(at.get("plotly_chart")) == 3
+    assert any("None: every step between campaigns is within noise" in m.value for m in at.markdown)
