@@ -191,9 +191,9 @@ def test_the_committed_history_holds_three_campaigns_on_two_builds(nightly):
 def test_regress_exits_1_on_the_planted_slower_configuration_and_0_on_an_a_a(nightly, tmp_path):
     camps = _campaigns(nightly)
     runs = nightly.runs(experiment="cpu-tiny-nightly", with_json=True)
-    slow = {cid for cid, cfg in zip(runs.campaign_id, runs.config_json) if json.loads(cfg).get("max_num_seqs") == 4}
+    slow = {cid for cid, cfg in zip(runs.campaign_id, runs.config_json) if json.loads(cfg).get("max_num_seqs") == 2}
     planted = [c for c in camps if c["campaign_id"] in slow]
-    assert len(planted) == 1, "the history holds one campaign with max_num_seqs: 4 planted in its file"
+    assert len(planted) == 1, "the history holds one campaign with max_num_seqs: 2 planted in its file"
     same = [c for c in camps if c not in planted and c["builds"] == planted[0]["builds"] and c["ok"] >= 2]
     base, twin = same[0]["campaign_id"], same[1]["campaign_id"]
     out = _cli("regress", base, planted[0]["campaign_id"], "--db", nightly.path, "--include-unreliable", "--json",
