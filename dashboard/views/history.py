@@ -45,9 +45,10 @@ marked = rows[(rows.trial == trial) & rows.marked]
 st.subheader("Changes beyond noise")
 if marked.empty:
     st.write("None: every step between campaigns is within noise (or has one launch a side).")
-else:
-    st.dataframe(marked[["metric", "previous", "campaign_id", "change_pct", "low_pct", "high_pct", "verdict",
-                         "changed"]], hide_index=True, width="stretch")
+for r in marked.to_dict("records"):
+    st.markdown(f"- **{r['verdict']}**: {r['metric']} {r['change_pct']:+.1f}% (95% CI {r['low_pct']:+.1f} .. "
+                f"{r['high_pct']:+.1f}%) in `{r['campaign_id']}` against `{r['previous']}`; what changed: "
+                f"{r['changed'] or 'nothing recorded'}")
 st.subheader("Campaigns")
 mine = campaigns[campaigns.experiment == experiment]
 st.dataframe(mine[["campaign_id", "command", "started_at", "ended_at", "status", "reason", "builds", "ok", "runs",
