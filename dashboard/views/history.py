@@ -48,7 +48,7 @@ if marked.empty:
 for r in marked.to_dict("records"):
     st.markdown(f"- **{r['verdict']}**: {r['metric']} {r['change_pct']:+.1f}% (95% CI {r['low_pct']:+.1f} .. "
                 f"{r['high_pct']:+.1f}%) in `{r['campaign_id']}` against `{r['previous']}`; what changed: "
-                f"{r['changed'] or 'nothing recorded'}")
+                f"`{r['changed'] or 'nothing recorded'}`")
 st.subheader("Campaigns")
 mine = campaigns[campaigns.experiment == experiment]
 st.dataframe(mine[["campaign_id", "command", "started_at", "ended_at", "status", "reason", "builds", "ok", "runs",
