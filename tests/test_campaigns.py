@@ -242,3 +242,37 @@ def test_history_page_says_how_to_get_campaigns_then_draws_them(tmp_path, monkey
     assert at.selectbox(key="history_trial").value == "aa/one-config"
     assert len(at.get("plotly_chart")) == 3
     assert any("None: every step between campaigns is within noise" in m.value for m in at.markdown)
+
+
+def _slowed_copy(store: Store, source: str, cid: str, factor: float) -> None:
+    """Campaign `cid`: the real launches of campaign `source`, each as if served `factor` times slower (every
+    request's TTFT and E2EL, and the launch's duration, stretched; the tokens the same)."""
+    runs = store.runs(with_json=True)
+    store.begin_campaign(cid, command="run", experiment="cpu-tiny-nightly")
+    for row in runs[runs.campaign_id == source].to_dict("records"):
+        keep = {k: v for k, v in row.items() if k not in ("run_id", "steady_p95_ttft_ms", "opening_burst_requests")
+                and isinstance(v, (str, int, float)) and not (isinstance(v, float) and v != v)}
+        rid = store.begin_run(**{**keep, "campaign_id": cid})
+        reqs = store.requests([row["run_id"]], measured_only=False).drop(columns=["chunk_count", "run_id"])
+        reqs["ttft"], reqs["e2el"], reqs["chunk_times"] = reqs.ttft * factor, reqs.e2el * factor, None
+        store.add_requests(rid, reqs.to_dict("records"))
+        store.finish_run(rid, "ok", summary={"duration": row["duration"] * factor, "completed": row["completed"],
+                                             "failed": row["failed"]})
+    store.finish_campaign(cid, "ok")
+
+
+def test_regress_exits_1_when_a_campaigns_real_launches_are_served_three_times_slower(nightly, tmp_path):
+    """A regression built from stored real launches: NEW is BASE's own launches stretched threefold, so the
+    launch-to-launch spread is the measured one; regress must call it worse and exit 1, BASE against itself 0."""
+    base = next(c["campaign_id"] for c in _campaigns(nightly) if c["ok"] >= 3)
+    db = tmp_path / "slowed.duckdb"
+    shutil.copy(nightly.path, db)
+    store = Store(db)
+    _slowed_copy(store, base, "camp-slowed", 3.0)
+    out = _cli("regress", base, "camp-slowed", "--db", str(db), "--include-unreliable", "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows = {r["metric"]: r for r in json.loads(out.stdout)["rows"]}
+    assert rows["output_throughput"]["verdict"] == "worse"
+    assert rows["output_throughput"]["change_pct"] == pytest.approx(-100 * 2 / 3, abs=1)
+    assert rows["p95_ttft_ms"]["change_pct"] == pytest.approx(200, abs=1)
+    assert _invoke("regress", base, base, "--db", str(db), "--include-unreliable").exit_code == 0
