@@ -97,8 +97,10 @@ def _sides(runs: list[RunData], campaigns: dict[str, dict]) -> dict[str, history
         by.setdefault(history.label(r.row), []).append(r)
     out = {}
     for name, mine in by.items():
-        cids = {str(r.row.get("campaign_id")) for r in mine}
-        camp = campaigns.get(next(iter(cids)), {}) if len(cids) == 1 else {}  # a build: several campaigns
+        rows = [campaigns.get(c, {}) for c in sorted({str(r.row.get("campaign_id")) for r in mine})]
+        # a build's side spans several campaigns: each field as the set of their values
+        camp = {k: ", ".join(sorted({str(c.get(k)) for c in rows if c.get(k) is not None})) or None
+                for k in ("driver", "experiment_digest", "qwen3lab_commit")}
         out[name] = history.Side(history.launches_of(name, mine), camp)
     return out
 
