@@ -29,6 +29,7 @@ pages = [
     st.Page(HERE / "views/capacity.py", title="Capacity", icon=":material/speed:", url_path="capacity",
             default=capacity_first),
     st.Page(HERE / "views/drift.py", title="Drift", icon=":material/timeline:", url_path="drift"),
+    st.Page(HERE / "views/history.py", title="History", icon=":material/history:", url_path="history"),
     st.Page(HERE / "views/file.py", title="File", url_path="file", visibility="hidden"),
 ]
 page = st.navigation(pages, position="top")

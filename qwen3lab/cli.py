@@ -70,7 +70,7 @@ def run(
     address: Optional[str] = ADDRESS,
 ):
     """Run an experiment's trials directly (no notebooks): launch, load, store, print the table."""
-    from qwen3lab import terminal
+    from qwen3lab import campaign, terminal
     from qwen3lab.measure import executor
     from qwen3lab.store import Store
 
@@ -84,7 +84,8 @@ def run(
             planned.raise_errors()
             return
         planned.raise_errors()
-        with terminal.Progress(console) as progress:
+        opts = {"only": only, "retry_failed": retry_failed, "fresh": fresh, "executor": executor_kind}
+        with campaign.opened(Store(db), "run", experiment, opts), terminal.Progress(console) as progress:
             if on_ray:
                 from qwen3lab.measure import ray_executor
 
@@ -133,15 +134,24 @@ def sweep(
             result = sw.dry_run(experiment, chapters)
             terminal.print_dry_run(result.planned, console)
         else:
+            from contextlib import nullcontext
+
+            from qwen3lab import campaign
+            from qwen3lab.store import Store
+
+            planned = None
             if executor_kind == "ray":
                 from qwen3lab.measure import executor, ray_executor
-                from qwen3lab.store import Store
 
+                planned = executor.plan(experiment, chapters, for_written_gpu=True)
+                planned.raise_errors()
+            # with ray, the cluster's runs and the notebooks are one campaign; else sweep.sweep opens it
+            with campaign.opened(Store(db), "sweep", experiment, params) if planned else nullcontext():
+                if planned:
+                    with terminal.Progress(console) as progress:
+                        ray_executor.execute(planned, Store(db), address, runs_dir, retry_failed, listener=progress)
                 with terminal.Progress(console) as progress:
-                    ray_executor.execute(executor.plan(experiment, chapters, for_written_gpu=True), Store(db),
-                                         address, runs_dir, retry_failed, listener=progress)
-            with terminal.Progress(console) as progress:
-                result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
+                    result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
         _fail(exc)
@@ -165,17 +175,20 @@ def capacity(
 ):
     """Capacity of each trial: one server per configuration, load doubled to the first SLO failure, then bisected.
     With --executor ray each configuration's search is a Ray task (its server on one node, searches in parallel)."""
-    from qwen3lab import terminal
+    from qwen3lab import campaign, terminal
     from qwen3lab.measure import capacity as cap
+    from qwen3lab.store import Store
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     _check_executor(executor_kind, address)
     try:
         with terminal.Progress(err) as listener:
-            if executor_kind == "ray":
+            if executor_kind == "ray":  # the local search opens its campaign itself, once its plan holds
                 from qwen3lab.measure import ray_executor
 
-                results = ray_executor.run_capacities(experiment, db, chapters, runs_dir, fresh, listener, address)
+                with campaign.opened(Store(db), "capacity", experiment, {"only": chapters, "fresh": fresh,
+                                                                         "executor": "ray"}):
+                    results = ray_executor.run_capacities(experiment, db, chapters, runs_dir, fresh, listener, address)
             else:
                 results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
     except Qwen3LabError as exc:
@@ -547,6 +560,10 @@ def schedule(
 from qwen3lab import cli_builds  # noqa: E402 - the builds group, in its own module
 
 app.add_typer(cli_builds.app, name="builds")
+
+from qwen3lab import campaign_cli  # noqa: E402 - campaigns, history, regress, given the helpers above
+
+campaign_cli.register(app, _fail, _print, _experiment_name)
 
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()

@@ -146,6 +146,20 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN steady_json VARCHAR;
     ALTER TABLE runs ADD COLUMN point_why VARCHAR;
     """,
+    # 11: campaigns (qwen3lab/campaign.py): one row per `run`, `sweep` or `capacity` invocation (or a workbook
+    # chapter run by hand), written before its first server and finished after; runs and capacity searches
+    # name the campaign that measured them
+    """
+    CREATE TABLE campaigns (
+        campaign_id VARCHAR PRIMARY KEY, command VARCHAR, experiment VARCHAR, experiment_path VARCHAR,
+        experiment_digest VARCHAR, params_json VARCHAR, qwen3lab_commit VARCHAR, host VARCHAR, driver VARCHAR,
+        builds_json VARCHAR, notebooks_dir VARCHAR, notebooks_json VARCHAR, status VARCHAR NOT NULL,
+        reason VARCHAR, owner_pid INTEGER, owner_host VARCHAR, owner_started DOUBLE, started_at TIMESTAMPTZ,
+        ended_at TIMESTAMPTZ
+    );
+    ALTER TABLE runs ADD COLUMN campaign_id VARCHAR;
+    ALTER TABLE capacities ADD COLUMN campaign_id VARCHAR;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
@@ -586,6 +600,23 @@ class Store:
     def soak_windows(self, soak_ids: Sequence[str]):
         """The windows (runs) of soaks, in the order they were measured."""
         return self._linked_runs("soak_id", soak_ids, "soak_window")
+
+    # --- campaigns: one row per invocation (qwen3lab/campaign.py) ---------------------------------------------
+    def begin_campaign(self, campaign_id: str, **fields: Any) -> str:
+        self._insert("campaigns", {"campaign_id": campaign_id, **fields, "status": "running", "started_at": now()})
+        return campaign_id
+
+    def finish_campaign(self, campaign_id: str, status: str, reason: str | None = None, **fields: Any) -> None:
+        """The campaign's end, with the vLLM/torch builds its runs met (as they were stored)."""
+        met = self._query("SELECT DISTINCT vllm_version, torch_version, python_executable FROM runs WHERE "
+                          "campaign_id = ? AND vllm_version IS NOT NULL ORDER BY ALL", [campaign_id])
+        builds = [] if met is None else met.to_dict("records")
+        self._update("campaigns", {"campaign_id": campaign_id},
+                     {"builds_json": builds, "ended_at": now()} | fields | {"status": status, "reason": reason})
+
+    def campaigns(self, experiment: str | None = None, status: str | None = None):
+        """Campaigns, oldest first (empty when none, or a file older than campaigns)."""
+        return self._select("campaigns", "started_at", experiment=experiment, status=status)
 
     def experiments(self) -> list[str]:
         df = self._query("SELECT DISTINCT experiment FROM runs WHERE experiment IS NOT NULL ORDER BY 1")

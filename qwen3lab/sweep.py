@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from qwen3lab.experiment import files as xp
-from qwen3lab import workbook
+from qwen3lab import campaign, workbook
 from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.measure import executor
 from qwen3lab.measure.events import Listener
+from qwen3lab.store import Store
 
 # How long a kernel that was asked to stop may take to finish its trial (stop vLLM, write the run row).
 KERNEL_SHUTDOWN_WAIT_S = 90.0
@@ -234,39 +235,46 @@ def sweep(experiment_path: str | os.PathLike, db: str = "qwen3lab.duckdb", only:
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *([env_path] if env_path else [])])
     result = SweepResult(exp.name, execs)
-    try:
-        listener.started(f"sweep {exp.name}", len(execs))
-        for ex in execs:
-            listener.launching(ex.notebook, "executing")
-            ex.output_path.parent.mkdir(parents=True, exist_ok=True)
-            t0 = time.monotonic()
-            signal.signal(signal.SIGTERM, _raise_interrupt)
-            try:
-                pm.execute_notebook(str(ex.input_path), str(ex.output_path), parameters=ex.parameters,
-                                    kernel_name=kernel_name, cwd=str(PACKAGE_ROOT), stdout_file=_KernelLines(listener, ex),
-                                    progress_bar=False, request_save_on_cell_execute=True,
-                                    execution_timeout=execution_timeout,
-                                    kernel_manager_class=_kernel_manager_class())
-                ex.status = "ok"
-            except BaseException as exc:  # noqa: BLE001 - every outcome is reported; interrupts stop the sweep
-                ex.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-                ex.status = "interrupted" if _interrupted(exc) else "failed"
-            finally:
-                ex.seconds = time.monotonic() - t0
+    # the sweep is one campaign; its kernels inherit its id (QWEN3LAB_CAMPAIGN), so their runs name it
+    with campaign.opened(Store(db), "sweep", experiment_path, params,
+                         notebooks_dir=execs[0].output_path.parent if execs else None) as camp:
+        try:
+            listener.started(f"sweep {exp.name}", len(execs))
+            for ex in execs:
+                listener.launching(ex.notebook, "executing")
+                ex.output_path.parent.mkdir(parents=True, exist_ok=True)
+                t0 = time.monotonic()
                 signal.signal(signal.SIGTERM, _raise_interrupt)
-            listener.finished(ex.notebook, ex.status, f"({ex.seconds:.0f} s) -> {ex.output_path}"
-                              + (f"; {ex.error}" if ex.error else ""))
-            if ex.status == "interrupted":
-                listener.log(STOPPED)
-                break
-    except KeyboardInterrupt:  # between two notebooks: nothing is running, nothing is lost
-        result.stopped = True
-        listener.log(STOPPED)
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.environ["PYTHONPATH"] = env_path
-        if not env_path:
-            os.environ.pop("PYTHONPATH", None)
+                try:
+                    pm.execute_notebook(str(ex.input_path), str(ex.output_path), parameters=ex.parameters,
+                                        kernel_name=kernel_name, cwd=str(PACKAGE_ROOT), stdout_file=_KernelLines(listener, ex),
+                                        progress_bar=False, request_save_on_cell_execute=True,
+                                        execution_timeout=execution_timeout,
+                                        kernel_manager_class=_kernel_manager_class())
+                    ex.status = "ok"
+                except BaseException as exc:  # noqa: BLE001 - every outcome is reported; interrupts stop the sweep
+                    ex.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                    ex.status = "interrupted" if _interrupted(exc) else "failed"
+                finally:
+                    ex.seconds = time.monotonic() - t0
+                    signal.signal(signal.SIGTERM, _raise_interrupt)
+                listener.finished(ex.notebook, ex.status, f"({ex.seconds:.0f} s) -> {ex.output_path}"
+                                  + (f"; {ex.error}" if ex.error else ""))
+                camp.notebooks.append({"notebook": ex.notebook, "chapter": ex.chapter, "path": str(ex.output_path),
+                                       "status": ex.status, "seconds": round(ex.seconds, 1)})
+                if ex.status == "interrupted":
+                    listener.log(STOPPED)
+                    break
+        except KeyboardInterrupt:  # between two notebooks: nothing is running, nothing is lost
+            result.stopped = True
+            listener.log(STOPPED)
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.environ["PYTHONPATH"] = env_path
+            if not env_path:
+                os.environ.pop("PYTHONPATH", None)
+        camp.status = {0: "ok", 130: "interrupted"}.get(result.exit_code, "failed")
+        camp.reason = "; ".join(f"{e.notebook}: {e.error}" for e in execs if e.error) or None
     return result
 
 

@@ -402,6 +402,8 @@ def test_cli_capacity_resumes_and_prints_json(searched):
                 assert shown[key] == point.steady.get(key), key
             assert set(shown["queue_trend"]) == ({"server", "client"} if "queue_trend" in point.steady else set())
     assert len(store.capacities()) == 2
+    camp, = store.campaigns().to_dict("records")  # the invocation is a campaign, though it measured nothing new
+    assert (camp["command"], camp["status"], camp["experiment"]) == ("capacity", "ok", EXPERIMENT["name"])
 
 
 def test_capacity_page_ranks_configurations_by_capacity(searched, monkeypatch):

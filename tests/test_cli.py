@@ -66,6 +66,22 @@ def test_run_end_to_end_then_resume(tmp_path):
     again = qwen3lab("run", str(exp), "--db", str(db), "--runs-dir", str(tmp_path / "runs"))
     assert again.returncode == 0 and again.stdout.count("earlier") == 3  # nothing re-run
     assert len(json.loads(qwen3lab("runs", "--db", str(db), "--json").stdout)) == 3
+    assert_each_invocation_is_a_campaign(db, exp, listed)
+
+
+def assert_each_invocation_is_a_campaign(db, exp, listed: list[dict]) -> None:
+    """Both invocations are campaigns (docs/history.md): the first holds the three runs and the build they met;
+    the resumed one ran nothing and says so."""
+    from qwen3lab import campaign
+
+    first, resumed = json.loads(qwen3lab("campaigns", "--db", str(db), "--json").stdout)
+    assert {r["campaign_id"] for r in listed} == {first["campaign_id"]}
+    assert (first["status"], first["runs"], first["ok"], resumed["status"], resumed["runs"]) == ("ok", 3, 2, "ok", 0)
+    assert first["experiment"] == "cli-e2e" and first["experiment_digest"] == campaign.file_digest(exp)
+    ok = next(r for r in listed if r["status"] == "ok")  # a skipped run met no build
+    assert first["builds"] == f"vllm {ok['vllm_version']} / torch {ok['torch_version']}"
+    assert first["started_at"] <= min(r["started_at"] for r in listed) and first["ended_at"] >= max(
+        r["ended_at"] for r in listed)
 
 
 def assert_runs_compare_and_winner_agree(db, listed: list[dict]) -> None:

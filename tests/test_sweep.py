@@ -252,6 +252,17 @@ def test_killed_sweep_resumes_without_duplicates_and_leaves_nothing_behind(tmp_p
     # Every run produced by a notebook carries that notebook's path, and the file exists.
     for path in df.notebook_path:
         assert path and Path(path).is_file()
+    # Each sweep is a campaign (docs/history.md): the stopped one ended as interrupted, the resumed one ok; the
+    # runs its notebook kernels made name it; its executed notebooks are listed, kept in a folder of its own.
+    stopped, resumed = Store(db).campaigns().to_dict("records")
+    assert (stopped["command"], stopped["status"], resumed["status"]) == ("sweep", "interrupted", "ok")
+    assert stopped["ended_at"] and json.loads(stopped["params_json"])["max_trials"] == 2
+    by_campaign = df.groupby("campaign_id").status.apply(sorted).to_dict()
+    assert by_campaign == {stopped["campaign_id"]: ["interrupted", "ok"], resumed["campaign_id"]: ["ok"]}
+    for camp, last in ((stopped, "interrupted"), (resumed, "ok")):
+        books = json.loads(camp["notebooks_json"])
+        assert [(b["notebook"], b["status"]) for b in books][:2] == [("00_environment", "ok"), ("40_scheduler", last)]
+        assert all(Path(b["path"]).is_file() and Path(b["path"]).parent == Path(camp["notebooks_dir"]) for b in books)
 
 
 def test_yarn_needs_max_position_embeddings_raised_on_vllm_032():

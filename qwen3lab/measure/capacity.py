@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from qwen3lab import campaign
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import Capacity, Trial, Workload
@@ -159,7 +160,8 @@ def measure_capacity(trial: Trial, store: Store, runs_dir: str | Path = "runs", 
     search_id = store.begin_capacity(
         trial_key=trial.key, experiment=trial.experiment, chapter=trial.chapter, trial=trial.name,
         config_hash=trial.engine.config_hash(), axis=spec.axis, criterion=spec.criterion,
-        min_attainment=spec.min_attainment, tolerance=spec.tolerance, spec_json=spec.model_dump(mode="json"))
+        min_attainment=spec.min_attainment, tolerance=spec.tolerance, spec_json=spec.model_dump(mode="json"),
+        campaign_id=campaign.current())
     result = CapacityResult(trial, search_id, spec.axis, "failed")
     if verdict.skip:
         result.status, result.reason = "skipped", verdict.skip
@@ -386,6 +388,13 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     store = Store(db)
     listener.started(f"{planned.experiment.name} capacity", len(planned.verdicts))
     results = []
+    with campaign.opened(store, "capacity", path, {"only": only, "fresh": fresh}):
+        _measure_all(planned, store, path, runs_dir, fresh, listener, results)
+    return results
+
+
+def _measure_all(planned, store: Store, path, runs_dir, fresh: bool, listener: Listener, results: list) -> None:
+    """Each planned trial's capacity, resumed or measured, appended to `results` as it ends."""
     for verdict in planned.verdicts:
         trial = verdict.trial
         stored = None if fresh else stored_capacity(store, trial)
@@ -400,7 +409,6 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
                              verdict=verdict, done=[] if fresh else finished_launches(store, trial))
         listener.finished(trial, result.status, told(result))
         results.append(result)
-    return results
 
 
 def resumed_result(trial: Trial, row: dict, store: Store, why: str = "measured earlier") -> CapacityResult:

@@ -3,12 +3,22 @@ commit (git, or the commit a `git archive` copy was made from), the machine. Wri
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 from qwen3lab.experiment.spec import Trial
 from qwen3lab.hardware import catalogue as hardware
 from qwen3lab.measure import topology
+
+
+# The campaign a run belongs to (qwen3lab/campaign.py sets it; a sweep's notebook kernels inherit it).
+CAMPAIGN_ENV = "QWEN3LAB_CAMPAIGN"
+
+
+def current_campaign() -> str | None:
+    """The campaign this process (or the sweep that started its kernel) measures for."""
+    return os.environ.get(CAMPAIGN_ENV) or None
 
 
 def git_commit(path: str | None) -> str | None:
@@ -52,4 +62,5 @@ def run_fields(trial: Trial, experiment_path: str | None, notebook_path: str | N
         tags_json=trial.tags, launch_command=topology.launch_command(cfg) if cfg.kind == "vllm" else f"# endpoint {cfg.url}",
         env_json=getattr(cfg, "env", {}), git_commit=git_commit(experiment_path), experiment_path=experiment_path,
         host=machine["host"], cpu=machine["cpu"], gpu=hardware.gpu_summary(machine), notebook_path=notebook_path,
+        campaign_id=current_campaign(),
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qwen3lab import campaign
 from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.experiment.spec import Trial
 from qwen3lab.measure import executor, provenance, runner, schedule
@@ -172,6 +173,8 @@ class Flight:
 def replay(store: Store, event: tuple, flight: Flight) -> dict | None:
     """Store one event a worker relayed; returns the trial's outcome for its last event."""
     kind, run_id, payload = event
+    if kind in ("begin_run", "begin_capacity"):  # a node's process is in no campaign: the driver's is theirs
+        payload["campaign_id"] = payload.get("campaign_id") or campaign.current()
     if kind == "begin_run":
         store.begin_run(run_id=run_id, **payload)
         flight.run_id, flight.node = run_id, payload["info_json"]["ray"]
@@ -361,7 +364,8 @@ class TrialPool:
             if flight.search_id is None:
                 t = flight.trial
                 flight.search_id = self.store.begin_capacity(trial_key=t.key, experiment=t.experiment,
-                                                             chapter=t.chapter, trial=t.name)
+                                                             chapter=t.chapter, trial=t.name,
+                                                             campaign_id=campaign.current())
             self.store.finish_capacity(flight.search_id, "failed", reason)
         elif status == "error":  # raised on the node: stored as failed, with a row of its own if it had none
             status = "failed"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from qwen3lab import campaign
 from qwen3lab.analysis import selection
 from qwen3lab.experiment import files as xp
 from qwen3lab.experiment import preflight
@@ -158,9 +159,12 @@ class ChapterRun:
     def run(self, max_trials: int | None = None, retry_failed: bool = False, log=print) -> pd.DataFrame:
         """Run the chapter's trials in order with resume (executor.execute), launching at most `max_trials`
         servers; every run is stored with this notebook's path."""
-        self.results = executor.execute(self.planned, self.store, self.runs_dir, retry_failed=retry_failed,
-                                        max_trials=max_trials, notebook_path=self.notebook_path,
-                                        listener=events.Listener(log))
+        # run by hand: a campaign of its own; in a sweep's kernel: the sweep's (campaign.opened joins it)
+        with campaign.opened(self.store, "notebook", self.experiment_path,
+                             {"chapter": self.name, "max_trials": max_trials, "retry_failed": retry_failed}):
+            self.results = executor.execute(self.planned, self.store, self.runs_dir, retry_failed=retry_failed,
+                                            max_trials=max_trials, notebook_path=self.notebook_path,
+                                            listener=events.Listener(log))
         return self.runs()
 
     # --- what is stored ---------------------------------------------------------------------------------
