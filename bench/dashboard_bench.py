@@ -40,7 +40,7 @@ class _OneConnection(Store):
 
     def __init__(self, path):
         super().__init__(path)
-        with super().connect() as con:  # creates and migrates the file
+        with super().connect():  # creates and migrates the file
             pass
         import duckdb
 

@@ -164,9 +164,14 @@ def test_export_page_shows_the_winners_commands(app, db):
 def test_claims_page(app, db):
     at = app("views/claims.py")
     table = at.dataframe[0].value
-    assert set(table.trial) == {"max-num-seqs-4", "enforce-eager"} and set(table.baseline) == {"max-num-seqs-128"}
-    assert set(table.verdict) == {stats.ONE_LAUNCH}  # the fixture's trials were launched once each
-    assert all("95% CI" in c for c in table.change)
+    assert list(table.columns[:3]) == ["verdict", "chapter", "trial"]  # the decisive column first
+    compared = table[table.verdict != "not compared"]
+    assert set(compared.trial) == {"max-num-seqs-4", "enforce-eager"} and set(compared.baseline) == {"max-num-seqs-128"}
+    assert set(compared.verdict) == {stats.ONE_LAUNCH}  # the fixture's trials were launched once each
+    assert compared["change (%)"].str.fullmatch(r"[+-]\d+\.\d").all()  # rounded to a tenth of a percent
+    # every trial left out says why, in words, not a None
+    assert (table[table.verdict == "not compared"]["why not compared"].str.len() > 10).all()
+    assert not table.isin(["None", "nan"]).any().any()
     assert len(at.get("plotly_chart")) == 3
 
 

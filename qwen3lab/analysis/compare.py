@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis import comparable, selection, stats
+from qwen3lab.analysis import comparable, selection, stats, uncompared
 from qwen3lab.analysis.metrics import RequestTable, per_request_slo, request_table, slo_violations, summarize
 from qwen3lab.analysis.stats import Interval
 from qwen3lab.experiment.spec import SLO
@@ -255,12 +255,16 @@ def unreliable(runs: pd.DataFrame) -> pd.Series:
     return runs.validity.fillna("").astype(str).str.startswith("unreliable")
 
 
-def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400) -> pd.DataFrame:
+def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400,
+           baselines: dict[str, str] | None = None) -> pd.DataFrame:
     """For each chapter: every trial against its baseline, relative change, 95% interval, Holm-corrected verdict.
 
     A trial is paired with the baseline trial of its chapter that has its comparability key (same requests,
     tokenizer, machine, build), not merely its name: a smoke run with fewer requests has no baseline to meet.
+    `baselines` (chapter -> trial, from the experiment file) stands in for runs that stored none. Trials with no
+    claim get a row saying why (analysis/uncompared.py).
     """
+    baselines = baselines or {}
     data = chapter_trials(store, experiment)
     recs = []
     for chapter in dict.fromkeys(r.row.get("chapter") for r in data):
@@ -268,6 +272,7 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400) -> pd.Dat
         mine = []
         for t in trials:
             base_name = t.newest.row.get("baseline")
+            base_name = base_name if isinstance(base_name, str) else baselines.get(chapter)
             if not isinstance(base_name, str) or t.newest.row.get("trial") == base_name:
                 continue
             key = comparable.comparability_key(t.newest.row)
@@ -294,6 +299,8 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400) -> pd.Dat
         for (rec, iv, higher), sure in zip(mine, confident):
             rec["verdict"] = stats.verdict(iv, higher, bool(sure))
             recs.append(rec)
+    done = {(r["chapter"], r["trial"]) for r in recs}  # the rest get a row saying why they have no claim
+    recs += uncompared.rows(experiment, store.runs(experiment=experiment), done, {r.run_id for r in data}, baselines)
     return pd.DataFrame(recs)
 
 

@@ -139,7 +139,7 @@ def timeseries_figure(samples: pd.DataFrame, labels: dict[str, str], series: dic
 def effects_figure(claims: pd.DataFrame, metric: str = "goodput"):
     """Each knob's change against its baseline, in percent, with its 95% interval (a forest plot)."""
     go = _go()
-    df = claims[claims.metric == metric]
+    df = claims[(claims.metric == metric) & claims.change_pct.notna()] if not claims.empty else claims
     fig = go.Figure()
     if df.empty:
         return _empty(fig, "No trial has a comparable finished baseline to compare against")

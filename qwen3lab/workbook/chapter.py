@@ -198,11 +198,26 @@ class ChapterRun:
         """Each ok trial against the chapter's baseline, relative change with 95% interval."""
         from qwen3lab.analysis import compare
 
-        claims = compare.claims(self.store, self.experiment.name, self.slo, n_boot=n_boot)
+        # the chapter's baseline from the experiment file stands in for runs that stored none (older slices)
+        claims = compare.claims(self.store, self.experiment.name, self.slo, n_boot=n_boot,
+                                baselines={self.name: self.baseline} if self.baseline else None)
         if claims.empty:
             return claims
-        mine = set(self.ok_runs().get("run_id", []))
+        mine = set(self.runs().get("run_id", []))  # standing runs, any status: a trial that never finished says so
         return claims[(claims.chapter == self.name) & claims.run_id.isin(mine)].reset_index(drop=True)
+
+    def verdict(self, n_boot: int = 400):
+        """The chapter's answer in words (wording.chapter_verdict, the winner card's wording): the last cell."""
+        from qwen3lab.analysis import compare, wording
+        from qwen3lab.errors import Qwen3LabError
+
+        if self.ok_runs().empty:
+            return say("### Verdict\n\nNo finished run of this chapter yet: nothing to conclude.")
+        try:
+            verdicts = compare.winners(self.store, self.experiment.name, self.slo, chapter=self.name, n_boot=n_boot)
+        except Qwen3LabError as exc:
+            return say(f"### Verdict\n\n{exc}")
+        return say(wording.chapter_verdict(verdicts, self.effects(n_boot), self.slo))
 
     def say(self, text: str):
         return say(text)

@@ -73,5 +73,7 @@ def report(experiment: str | os.PathLike, db: str, n_boot: int = 400) -> Report:
         runs = runs.reset_index(drop=True)
     ok = not runs.empty and runs.status.isin(selection.MEASURED).any()
     winners = compare.winners(store, exp.name, slo, n_boot=n_boot) if ok else []
-    claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok else pd.DataFrame()
+    baselines = {n: c.baseline or (c.trials[0]["name"] if c.trials else None) for n, c in exp.all_chapters().items()}
+    claims = compare.claims(store, exp.name, slo, n_boot=n_boot,
+                            baselines={n: b for n, b in baselines.items() if b}) if ok else pd.DataFrame()
     return Report(exp, store, runs, winners, claims)
