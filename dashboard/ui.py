@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import ExitStack, contextmanager
 import os
 import sys
 from pathlib import Path
@@ -40,6 +41,20 @@ def store() -> Store:
     return Store(db_path())
 
 
+@contextmanager
+def one_open_file():
+    """One render's queries on one open of the file. DuckDB shares an open database between the connections of a
+    process, so the file's metadata and blocks are read once a render instead of once a query (at 10,000 runs the
+    opens were most of a page's time). Released when the render ends: a sweep still writes between renders."""
+    with ExitStack() as held:
+        if Path(db_path()).exists():
+            try:
+                held.enter_context(store().connect(read_only=True))
+            except Qwen3LabError:
+                pass  # a writer holds the file: each query waits for it, as before
+        yield
+
+
 def stop_with(exc: Exception) -> None:
     """A store error as a message that says what to do, then stop the page."""
     msg = str(exc)
@@ -54,10 +69,10 @@ def stop_with(exc: Exception) -> None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _runs(db: str, stamp: float) -> pd.DataFrame:
-    df = Store(db).runs(with_json=True)
-    if df.empty:
-        return df
-    return df.drop(columns=["summary_json", "info_json", "config_json", "workload_json", "exec_argv_json"])
+    df = Store(db).runs()  # without the JSON columns: at 10,000 runs reading them was a third of the page
+    if not df.empty:
+        df["label"] = compare.run_labels(df)
+    return df
 
 
 def runs() -> pd.DataFrame:
@@ -68,9 +83,7 @@ def runs() -> pd.DataFrame:
         stop_with(exc)
     if df.empty:
         stop_with(Qwen3LabError("no database" if not Path(db_path()).exists() else "no runs stored yet"))
-    df = df.copy()
-    df["label"] = [compare.run_label(r) for r in df[["run_id", "chapter", "trial"]].to_dict("records")]
-    return df
+    return df  # st.cache_data hands each caller its own copy
 
 
 def mtime() -> float:

@@ -119,9 +119,10 @@ def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False) -> li
     if rows.empty:
         return []
     reqs = store.requests(run_ids, with_chunks=with_chunks)
+    by_run = dict(tuple(reqs.groupby("run_id", sort=False))) if reqs is not None and not reqs.empty else {}
     out = []
     for row in rows.to_dict("records"):
-        mine = reqs[reqs.run_id == row["run_id"]] if reqs is not None else pd.DataFrame()
+        mine = by_run.get(row["run_id"], pd.DataFrame())
         if mine.empty or not row.get("duration"):
             continue
         out.append(RunData(row["run_id"], run_label(row), float(row["duration"]), request_table(mine), row))
@@ -131,6 +132,12 @@ def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False) -> li
 
 def run_label(row: dict) -> str:
     return f"{row.get('chapter')}/{row.get('trial')}" if row.get("trial") else row["run_id"]
+
+
+def run_labels(runs: pd.DataFrame) -> pd.Series:
+    """run_label of every row, column-wise (the dashboard labels every stored run)."""
+    has = runs.trial.notna() & (runs.trial.astype(str) != "")
+    return (runs.chapter.astype(str) + "/" + runs.trial.astype(str)).where(has, runs.run_id)
 
 
 def trials_of(runs: list[RunData]) -> list[TrialData]:
@@ -233,13 +240,13 @@ def pick_winner(runs: list[RunData], slo: SLO, n_boot: int = 400) -> Winner:
 
 
 def chapter_trials(store: Store, experiment: str, chapter: str | None = None,
-                   include_unreliable: bool = False) -> list[RunData]:
+                   include_unreliable: bool = False, runs: pd.DataFrame | None = None) -> list[RunData]:
     """Every ok launch of every trial key of an experiment (or one chapter), reliable ones unless asked.
 
     Not only the current definition of each name (selection.current): a smoke run with fewer requests is its
     own trial, set only against runs of its own comparability key, and never hides the full measurement.
     """
-    runs = selection.standalone(store.runs(experiment=experiment, chapter=chapter))
+    runs = selection.standalone(store.runs(experiment=experiment, chapter=chapter) if runs is None else runs)
     runs = runs[runs.status.isin(selection.MEASURED)] if not runs.empty else runs
     if runs.empty:
         return []
@@ -265,7 +272,15 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400,
     claim get a row saying why (analysis/uncompared.py).
     """
     baselines = baselines or {}
-    data = chapter_trials(store, experiment)
+    everything = store.runs(experiment=experiment)
+    data = chapter_trials(store, experiment, runs=everything)
+    memo: dict[tuple[str, str], stats.Figures] = {}  # a baseline's figures serve every trial of its chapter
+
+    def figs(t: TrialData, metric: str) -> stats.Figures:
+        if (t.key, metric) not in memo:
+            memo[t.key, metric] = figures(t, slo, metric, n_boot)
+        return memo[t.key, metric]
+
     recs = []
     for chapter in dict.fromkeys(r.row.get("chapter") for r in data):
         trials = trials_of([r for r in data if r.row.get("chapter") == chapter])
@@ -289,7 +304,8 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400,
                 continue
             base = max(bases, key=lambda b: str(b.newest.row.get("started_at") or ""))
             for metric, higher in METRICS.items():
-                iv, rel = _both(t, base, slo, metric, n_boot)
+                fa, fb = figs(t, metric), figs(base, metric)
+                iv, rel = stats.welch(fa, fb), stats.welch(fa, fb, relative=True)
                 mine.append(({"chapter": chapter, "trial": t.newest.row.get("trial"), "baseline": base_name,
                               "metric": metric, **_row(iv, rel), "launches": len(t.launches),
                               "baseline_launches": len(base.launches), "run_id": t.newest.run_id,
@@ -300,7 +316,7 @@ def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400,
             rec["verdict"] = stats.verdict(iv, higher, bool(sure))
             recs.append(rec)
     done = {(r["chapter"], r["trial"]) for r in recs}  # the rest get a row saying why they have no claim
-    recs += uncompared.rows(experiment, store.runs(experiment=experiment), done, {r.run_id for r in data}, baselines)
+    recs += uncompared.rows(experiment, everything, done, {r.run_id for r in data}, baselines)
     return pd.DataFrame(recs)
 
 
