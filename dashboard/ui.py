@@ -370,19 +370,32 @@ def winner_card(w: compare.Winner, slo: SLO) -> None:
 
 
 def ranking_table(ranking: pd.DataFrame) -> None:
-    show = ranking[["rank", "label", "launches", "slo_pass", "goodput", "output_throughput", "request_throughput",
-                    "p95_ttft_ms", "p95_tpot_ms", "p99_e2el_ms", "completed", "failed", "why_not", "run_id"]]
-    st.dataframe(show, hide_index=True, width="stretch", column_config={
-        "rank": st.column_config.NumberColumn("#", width="small"),
-        "label": "trial", "slo_pass": st.column_config.CheckboxColumn("meets SLOs"),
-        "goodput": st.column_config.NumberColumn("goodput", format="%.2f req/s"),
-        "output_throughput": st.column_config.NumberColumn("output", format="%.0f tok/s"),
-        "request_throughput": st.column_config.NumberColumn("requests", format="%.2f req/s"),
-        "p95_ttft_ms": st.column_config.NumberColumn("P95 TTFT", format="%.0f ms"),
-        "p95_tpot_ms": st.column_config.NumberColumn("P95 TPOT", format="%.1f ms"),
-        "p99_e2el_ms": st.column_config.NumberColumn("P99 E2EL", format="%.0f ms"),
-        "why_not": "misses the SLOs by", "run_id": "newest run",
+    """The verdict columns first (meets the SLOs, by how much it misses them), then the figures, units in headers."""
+    show = ranking[["rank", "label", "slo_pass", "why_not", "goodput", "output_throughput", "request_throughput",
+                    "p95_ttft_ms", "p95_tpot_ms", "p99_e2el_ms", "launches", "completed", "failed", "run_id"]]
+    st.dataframe(blanks(show), hide_index=True, width="stretch", column_config={
+        "rank": st.column_config.NumberColumn("#", width=40, pinned=True),
+        "label": st.column_config.TextColumn("trial", width="large", pinned=True),
+        "slo_pass": st.column_config.CheckboxColumn("meets SLOs", width=90),
+        "why_not": st.column_config.TextColumn("misses the SLOs by", width="large"),
+        "goodput": st.column_config.NumberColumn("goodput (req/s)", format="%.2f"),
+        "output_throughput": st.column_config.NumberColumn("output (tok/s)", format="%.0f"),
+        "request_throughput": st.column_config.NumberColumn("requests (req/s)", format="%.2f"),
+        "p95_ttft_ms": st.column_config.NumberColumn("P95 TTFT (ms)", format="%.0f"),
+        "p95_tpot_ms": st.column_config.NumberColumn("P95 TPOT (ms)", format="%.1f"),
+        "p99_e2el_ms": st.column_config.NumberColumn("P99 E2EL (ms)", format="%.0f"),
+        "completed": st.column_config.NumberColumn("ok (requests)"), "failed": st.column_config.NumberColumn("failed (requests)"),
+        "run_id": "newest run",
     })
+
+
+def blanks(df: pd.DataFrame) -> pd.DataFrame:
+    """Missing text as an empty cell, never "None" (numbers stay numbers: a missing one is an empty cell too)."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object or pd.api.types.is_string_dtype(out[col]):
+            out[col] = out[col].where(out[col].notna(), "")
+    return out
 
 
 def pareto(ranking: pd.DataFrame, slo: SLO):
