@@ -241,8 +241,8 @@ def selection_sidebar(df: pd.DataFrame) -> list[str]:
                              on_change=new_group, help="Runs of one workload, tokenizer, machine and vLLM build "
                              "(the comparability key), by experiment and chapters; the largest group is picked for you")
     choices = mine[mine.status.isin(selection.MEASURED)]
-    labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
-              for r in choices.itertuples()}
+    text = (choices.experiment.astype(str) + ": " if exp == ALL else "") + choices.label + " · " + choices.run_id.str[-6:]
+    labels = dict(zip(choices.run_id, text))
     if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):
         st.session_state.run_ids = list(found[st.session_state.group]["run_ids"]) if found else []
     picked = st.sidebar.multiselect("Runs to compare", list(labels), key="run_ids", format_func=labels.get,

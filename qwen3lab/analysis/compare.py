@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis import comparable, selection, stats, uncompared
+from qwen3lab.analysis import comparable, selection, stats
 from qwen3lab.analysis.metrics import RequestTable, per_request_slo, request_table, slo_violations, summarize
 from qwen3lab.analysis.stats import Interval
 from qwen3lab.experiment.spec import SLO
@@ -114,8 +114,9 @@ class TrialData:
         return out
 
 
-def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False) -> list[RunData]:
-    rows = store.runs(run_ids=run_ids)
+def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False, rows: pd.DataFrame | None = None) -> list[RunData]:
+    """The runs with their measured requests; `rows`: their run rows when the caller has them (one query less)."""
+    rows = store.runs(run_ids=run_ids) if rows is None else rows[rows.run_id.isin(run_ids)]
     if rows.empty:
         return []
     reqs = store.requests(run_ids, with_chunks=with_chunks)
@@ -252,7 +253,7 @@ def chapter_trials(store: Store, experiment: str, chapter: str | None = None,
         return []
     if not include_unreliable:
         runs = runs[~unreliable(runs)]
-    return load_runs(store, list(runs.run_id))
+    return load_runs(store, list(runs.run_id), rows=runs)
 
 
 def unreliable(runs: pd.DataFrame) -> pd.Series:
@@ -264,60 +265,10 @@ def unreliable(runs: pd.DataFrame) -> pd.Series:
 
 def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400,
            baselines: dict[str, str] | None = None) -> pd.DataFrame:
-    """For each chapter: every trial against its baseline, relative change, 95% interval, Holm-corrected verdict.
+    """Each trial against its chapter's baseline: see analysis/claims.py."""
+    from qwen3lab.analysis import claims as claims_module
 
-    A trial is paired with the baseline trial of its chapter that has its comparability key (same requests,
-    tokenizer, machine, build), not merely its name: a smoke run with fewer requests has no baseline to meet.
-    `baselines` (chapter -> trial, from the experiment file) stands in for runs that stored none. Trials with no
-    claim get a row saying why (analysis/uncompared.py).
-    """
-    baselines = baselines or {}
-    everything = store.runs(experiment=experiment)
-    data = chapter_trials(store, experiment, runs=everything)
-    memo: dict[tuple[str, str], stats.Figures] = {}  # a baseline's figures serve every trial of its chapter
-
-    def figs(t: TrialData, metric: str) -> stats.Figures:
-        if (t.key, metric) not in memo:
-            memo[t.key, metric] = figures(t, slo, metric, n_boot)
-        return memo[t.key, metric]
-
-    recs = []
-    for chapter in dict.fromkeys(r.row.get("chapter") for r in data):
-        trials = trials_of([r for r in data if r.row.get("chapter") == chapter])
-        mine = []
-        for t in trials:
-            base_name = t.newest.row.get("baseline")
-            base_name = base_name if isinstance(base_name, str) else baselines.get(chapter)
-            if not isinstance(base_name, str) or t.newest.row.get("trial") == base_name:
-                continue
-            key = comparable.comparability_key(t.newest.row)
-            bases = [b for b in trials if b.newest.row.get("trial") == base_name
-                     and comparable.comparability_key(b.newest.row) == key]
-            if not bases:
-                others = [b for b in trials if b.newest.row.get("trial") == base_name]
-                why = ("; ".join(comparable.differences(t.newest.row, others[0].newest.row)) if others
-                       else "no finished baseline run")
-                recs.append({"chapter": chapter, "trial": t.newest.row.get("trial"), "baseline": base_name,
-                             "metric": "all", "change_pct": np.nan, "low_pct": np.nan, "high_pct": np.nan,
-                             "p_value": np.nan, "verdict": f"not compared: {why}", "launches": len(t.launches),
-                             "baseline_launches": 0, "run_id": t.newest.run_id, "baseline_run_id": None})
-                continue
-            base = max(bases, key=lambda b: str(b.newest.row.get("started_at") or ""))
-            for metric, higher in METRICS.items():
-                fa, fb = figs(t, metric), figs(base, metric)
-                iv, rel = stats.welch(fa, fb), stats.welch(fa, fb, relative=True)
-                mine.append(({"chapter": chapter, "trial": t.newest.row.get("trial"), "baseline": base_name,
-                              "metric": metric, **_row(iv, rel), "launches": len(t.launches),
-                              "baseline_launches": len(base.launches), "run_id": t.newest.run_id,
-                              "baseline_run_id": base.newest.run_id}, iv, higher))
-        # Holm across the chapter's trials x metrics: a family of comparisons, one error rate
-        confident = stats.holm([np.nan if iv.one_launch else iv.p_value for _, iv, _ in mine])
-        for (rec, iv, higher), sure in zip(mine, confident):
-            rec["verdict"] = stats.verdict(iv, higher, bool(sure))
-            recs.append(rec)
-    done = {(r["chapter"], r["trial"]) for r in recs}  # the rest get a row saying why they have no claim
-    recs += uncompared.rows(experiment, everything, done, {r.run_id for r in data}, baselines)
-    return pd.DataFrame(recs)
+    return claims_module.claims(store, experiment, slo, n_boot, baselines)
 
 
 # --- re-scoring stored runs: the winner of each comparable group, and A against B --------------------------
