@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from qwen3lab.analysis import compare  # noqa: E402
+from qwen3lab.analysis.claims import claims as claims_of  # noqa: E402
 from qwen3lab.experiment.spec import SLO, EngineConfig  # noqa: E402
 from qwen3lab.store import Store  # noqa: E402
 
@@ -199,7 +200,7 @@ def main() -> None:
         "store.requests(5 runs, with chunks)": timed(lambda: store.requests(five)),
         "store.samples(5 runs)": timed(lambda: store.samples(five)),
         "compare.load_runs + pick_winner (5)": timed(lambda: compare.pick_winner(compare.load_runs(store, five), slo), 3),
-        "compare.claims (1 experiment, 48 runs)": timed(lambda: compare.claims(store, "exp-00", slo), 1),
+        "claims (1 experiment, 48 runs)": timed(lambda: claims_of(store, "exp-00", slo), 1),
         "page: Runs (cold)": page_timed(db, "views/runs.py"),
         "page: Runs (warm)": page_timed(db, "views/runs.py", cold=False),
         "page: Compare 5 runs (cold)": page_timed(db, "views/compare.py", five),

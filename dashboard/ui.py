@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from qwen3lab.analysis import comparable, compare, efficiency, export, plots, selection
+from qwen3lab.analysis.claims import claims as claims_of
 from qwen3lab.analysis.wording import launches, margin_text, slo_text, verdict_text  # noqa: F401 - pages call ui.slo_text
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.experiment.spec import SLO
@@ -137,7 +138,7 @@ def winner_or_stop(db: str, run_ids: tuple[str, ...], slo: SLO) -> compare.Winne
 
 @st.cache_data(ttl=60, show_spinner="Bootstrapping each trial against its baseline…", max_entries=16)
 def claims(db: str, experiment: str, slo_json: str, stamp: float) -> pd.DataFrame:
-    return compare.claims(Store(db), experiment, SLO.model_validate_json(slo_json))
+    return claims_of(Store(db), experiment, SLO.model_validate_json(slo_json))
 
 
 def refresh_button() -> None:

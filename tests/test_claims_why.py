@@ -10,6 +10,7 @@ import pytest
 
 from qwen3lab import workbook
 from qwen3lab.analysis import compare, selection, wording
+from qwen3lab.analysis.claims import claims as claims_of
 from qwen3lab.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def claims(store):
-    return compare.claims(store, EXP, compare.stored_slo(store, EXP))
+    return claims_of(store, EXP, compare.stored_slo(store, EXP))
 
 
 def test_every_trial_has_a_claim_or_says_why(store, claims):
@@ -47,7 +48,7 @@ def test_every_trial_has_a_claim_or_says_why(store, claims):
 
 
 def test_the_experiment_files_baseline_stands_in_for_runs_that_stored_none(store):
-    got = compare.claims(store, EXP, compare.stored_slo(store, EXP), baselines={"scheduler": "defaults"})
+    got = claims_of(store, EXP, compare.stored_slo(store, EXP), baselines={"scheduler": "defaults"})
     eager = got[(got.trial == "enforce-eager") & (got.metric == "output_throughput")]
     assert len(eager) == 1 and eager.baseline.iloc[0] == "defaults"
     ok = store.runs(experiment=EXP, chapter="scheduler", status="ok").set_index("trial")

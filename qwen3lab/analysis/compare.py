@@ -263,14 +263,6 @@ def unreliable(runs: pd.DataFrame) -> pd.Series:
     return runs.validity.fillna("").astype(str).str.startswith("unreliable")
 
 
-def claims(store: Store, experiment: str, slo: SLO, n_boot: int = 400,
-           baselines: dict[str, str] | None = None) -> pd.DataFrame:
-    """Each trial against its chapter's baseline: see analysis/claims.py."""
-    from qwen3lab.analysis import claims as claims_module
-
-    return claims_module.claims(store, experiment, slo, n_boot, baselines)
-
-
 # --- re-scoring stored runs: the winner of each comparable group, and A against B --------------------------
 @dataclass
 class Verdict:

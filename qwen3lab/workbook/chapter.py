@@ -196,10 +196,10 @@ class ChapterRun:
 
     def effects(self, n_boot: int = 400) -> pd.DataFrame:
         """Each ok trial against the chapter's baseline, relative change with 95% interval."""
-        from qwen3lab.analysis import compare
+        from qwen3lab.analysis.claims import claims as claims_of
 
         # the chapter's baseline from the experiment file stands in for runs that stored none (older slices)
-        claims = compare.claims(self.store, self.experiment.name, self.slo, n_boot=n_boot,
+        claims = claims_of(self.store, self.experiment.name, self.slo, n_boot=n_boot,
                                 baselines={self.name: self.baseline} if self.baseline else None)
         if claims.empty:
             return claims

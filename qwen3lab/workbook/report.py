@@ -60,6 +60,7 @@ class Report:
 def report(experiment: str | os.PathLike, db: str, n_boot: int = 400) -> Report:
     """All trials of an experiment side by side, the winner of each comparable group, and each knob's effect."""
     from qwen3lab.analysis import compare
+    from qwen3lab.analysis.claims import claims as claims_of
 
     setup_plotly()
     exp = xp.load(experiment)
@@ -74,6 +75,6 @@ def report(experiment: str | os.PathLike, db: str, n_boot: int = 400) -> Report:
     ok = not runs.empty and runs.status.isin(selection.MEASURED).any()
     winners = compare.winners(store, exp.name, slo, n_boot=n_boot) if ok else []
     baselines = {n: c.baseline or (c.trials[0]["name"] if c.trials else None) for n, c in exp.all_chapters().items()}
-    claims = compare.claims(store, exp.name, slo, n_boot=n_boot,
+    claims = claims_of(store, exp.name, slo, n_boot=n_boot,
                             baselines={n: b for n, b in baselines.items() if b}) if ok else pd.DataFrame()
     return Report(exp, store, runs, winners, claims)
