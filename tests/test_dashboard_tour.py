@@ -1,5 +1,5 @@
 """A tour of the dashboard as a new user takes it, on the committed H200 files, in headless Chromium at 1440x1000:
-every page, a screenshot each (tests/artifacts/tour-*.png, git-ignored). It fails on a traceback, on an empty
+every page, a screenshot each (tests/artifacts/dashboard-tour-*.png, git-ignored). It fails on a traceback, on an empty
 opening state where comparable runs exist, and on a decisive column cut short (at 1440 px, and on the Runs and
 Claims pages in a 1024 px window too). One Streamlit and one Chromium at a time: run it under the server lock.
 """
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_dashboard_browser import ARTIFACTS, CHROMIUM, FLAGS, dashboard, sync_api  # noqa: F401 - skips
+from tests.test_dashboard_browser import CHROMIUM, FLAGS, dashboard, sync_api
+from tests.test_dashboard_browser import shot as browser_shot
 
 from dashboard import ui
 from qwen3lab.analysis import compare
@@ -55,15 +56,7 @@ CUT_CELLS = """(grid, names) => {
 
 
 def shot(page, name: str) -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    try:
-        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=5_000)
-    except sync_api.TimeoutError:
-        pass  # a page without charts
-    page.wait_for_timeout(800)
-    path = ARTIFACTS / f"tour-{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
+    return browser_shot(page, f"tour-{name}")  # tests/artifacts/dashboard-tour-*.png
 
 
 def no_traceback(page, where: str) -> None:
