@@ -84,10 +84,10 @@ def browser_page(served):
         ctx.close()
 
 
-def shot(page, name: str) -> Path:
+def shot(page, name: str, chart_wait_ms: int = 10_000) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
-        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=10_000)
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=chart_wait_ms)
     except sync_api.TimeoutError:
         pass  # a page without charts
     page.wait_for_timeout(1500)

@@ -56,7 +56,7 @@ CUT_CELLS = """(grid, names) => {
 
 
 def shot(page, name: str) -> Path:
-    return browser_shot(page, f"tour-{name}")  # tests/artifacts/dashboard-tour-*.png
+    return browser_shot(page, f"tour-{name}", chart_wait_ms=3_000)  # tests/artifacts/dashboard-tour-*.png
 
 
 def no_traceback(page, where: str) -> None:
