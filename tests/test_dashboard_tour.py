@@ -29,30 +29,45 @@ PAGES = {"runs": "Runs", "compare": "Compare runs", "winner": "Pick the winner u
 DECISIVE = {"runs": ["started", "trial", "status", "vLLM"], "winner": ["trial", "meets SLOs", "misses the SLOs by"],
             "claims": ["verdict", "trial"], "capacity": ["trial", "capacity (req/s)"]}
 
-# Glide's grid draws its cells on a canvas; its accessibility table holds each visible cell's text and the grid's
-# own column widths are in the header cells' boxes. A cell is cut when its text, in the grid's font, is wider
-# than its column less the cell's padding.
-CUT_CELLS = """(grid, names) => {
-  const heads = [...grid.querySelectorAll('thead th, [role=columnheader]')];
-  const canvas = document.createElement('canvas').getContext('2d');
-  const font = getComputedStyle(grid).fontFamily || 'sans-serif';
-  const out = {missing: [], cut: [], offscreen: []};
-  const right = document.documentElement.clientWidth;
-  for (const name of names) {
-    const i = heads.findIndex(h => h.innerText.trim() === name);
-    if (i < 0) { out.missing.push(name); continue; }
-    const head = heads[i].getBoundingClientRect();
-    if (head.left < 0 || head.left + 30 > right) out.offscreen.push(name);
-    const col = heads[i].getAttribute('aria-colindex');
-    const cells = [...grid.querySelectorAll(`[role=gridcell][aria-colindex="${col}"], td[aria-colindex="${col}"]`)];
-    for (const c of cells) {
-      const text = c.innerText.trim();
-      canvas.font = `14px ${font}`;
-      if (text && canvas.measureText(text).width > head.width - 16) out.cut.push(`${name}: ${text}`);
-    }
+# Glide's grid draws its cells and headers on a canvas. What the DOM has: an accessibility table with each visible
+# header and cell's text (aria-colindex). The columns' drawn widths come from the canvas itself: in a screenshot
+# of the header strip, the column separators are the pixel columns of one non-background colour from top to
+# bottom (text and icons never are). A cell is cut when its text, in the page's font, is wider than its column
+# less glide's 8 px padding a side.
+TEXTS = """(grid) => {
+  const heads = [...grid.querySelectorAll('th[role=columnheader]')].map(h => [Number(h.getAttribute('aria-colindex')), h.innerText.trim()]);
+  const cells = {};
+  for (const c of grid.querySelectorAll('td[role=gridcell]')) {
+    const i = Number(c.getAttribute('aria-colindex'));
+    (cells[i] = cells[i] || []).push(c.innerText.trim());
   }
-  return out;
+  return {heads, cells};
 }"""
+MEASURE = """(texts) => {
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `14px ${getComputedStyle(document.body).fontFamily}`;
+  return texts.map(t => ctx.measureText(t).width);
+}"""
+
+
+def column_edges(grid) -> tuple[list[float], float]:
+    """x of each column separator in the grid's header strip (CSS px from the grid's left), and the grid's left."""
+    import io
+
+    from PIL import Image
+
+    box = grid.bounding_box()
+    img = Image.open(io.BytesIO(grid.screenshot())).convert("RGB")
+    scale = img.width / box["width"]
+    rows = range(int(6 * scale), int(28 * scale))
+    mid = [img.getpixel((x, int(17 * scale))) for x in range(img.width)]
+    background = max(set(mid), key=mid.count)
+    xs = [x for x in range(img.width)
+          if mid[x] != background and len({img.getpixel((x, y)) for y in rows}) == 1]
+    edges = [x / scale for i, x in enumerate(xs) if i == 0 or x - xs[i - 1] > 2]
+    if not edges or edges[0] > 3:  # no outer border drawn on the left: the first column starts at the grid's edge
+        edges.insert(0, 0.0)
+    return edges, box["x"]
 
 
 def shot(page, name: str) -> Path:
@@ -65,13 +80,28 @@ def no_traceback(page, where: str) -> None:
 
 
 def whole_columns(page, where: str, names: list[str]) -> None:
+    """Each named column of the page's first table on screen, no cell of it wider than the column."""
     grid = page.locator("[data-testid='stDataFrame']").first
     grid.wait_for()
     page.wait_for_timeout(500)
-    found = grid.evaluate(CUT_CELLS, names)
-    assert not found["missing"], f"{where}: no column {found['missing']} in the first table"
-    assert not found["offscreen"], f"{where}: decisive columns off screen: {found['offscreen']}"
-    assert not found["cut"], f"{where}: cut short: {found['cut'][:5]}"
+    found = grid.evaluate(TEXTS)
+    heads = sorted(found["heads"])
+    edges, left = column_edges(grid)
+    first = heads[0][0] if heads else 1
+    # a selectable table draws a row-marker column first, which has no header of its own
+    spans = list(zip(edges, edges[1:]))[1 if first > 1 else 0:]
+    window = page.viewport_size["width"]
+    debug = f"{where}: headers {heads}, separators {[round(e) for e in edges]}"
+    for name in names:
+        at = [i for i, (_, text) in enumerate(heads) if text == name]
+        assert at, f"no column {name!r}; {debug}"
+        assert at[0] < len(spans), f"column {name!r} is not drawn on screen; {debug}"
+        x0, x1 = spans[at[0]]
+        assert left + x1 <= window + 1, f"column {name!r} runs off the window ({left + x1:.0f} > {window}); {debug}"
+        texts = [t for t in found["cells"].get(str(heads[at[0]][0]), found["cells"].get(heads[at[0]][0], [])) if t]
+        widths = grid.evaluate(MEASURE, texts)
+        cut = [t for t, w in zip(texts, widths) if w > (x1 - x0) - 16 + 2]
+        assert not cut, f"{where}: column {name!r} ({x1 - x0:.0f} px) cuts {cut[:4]}"
 
 
 @pytest.fixture(scope="module")
