@@ -62,11 +62,14 @@ def pareto_figure(runs: pd.DataFrame, label: str = "trial", slo_ttft_ms: float |
     pad = max(hi - lo, hi * 0.1, 1.0) * 0.12  # room for the labels at both ends
     ypad = max(np.nanmax(ys) - np.nanmin(ys), np.nanmax(ys) * 0.05, 1.0) * 0.15
     xr, yr = (max(lo - pad, 0), hi + pad), (np.nanmin(ys) - ypad, np.nanmax(ys) + 1.5 * ypad)
-    fig.add_trace(go.Scatter(x=df.p95_ttft_ms, y=df.output_throughput, mode="markers+text", text=names,
-                             textposition=label_positions(xs, ys, list(names), xr, yr), name="runs",
+    fig.add_trace(go.Scatter(x=df.p95_ttft_ms, y=df.output_throughput, mode="markers", text=names, name="runs",
                              marker=dict(size=11, color=np.where(df.front, "#d62728", "#1f77b4")),
                              customdata=df.run_id,
                              hovertemplate="%{text}<br>P95 TTFT %{x:.1f} ms<br>%{y:.1f} tok/s<br>%{customdata}"))
+    # each label an annotation with a leader line, placed apart from the other labels and the markers
+    for x, y, name, (ax, ay) in zip(xs, ys, names, label_offsets(xs, ys, list(names), xr, yr)):
+        fig.add_annotation(x=x, y=y, text=str(name), ax=ax, ay=ay, showarrow=True, arrowhead=0, arrowwidth=1,
+                           arrowcolor="#aaaaaa", font=dict(size=LABEL_FONT_PX), name="label")
     front = df[df.front].sort_values("p95_ttft_ms")
     fig.add_trace(go.Scatter(x=front.p95_ttft_ms, y=front.output_throughput, mode="lines", name="Pareto front",
                              line=dict(color="#d62728", dash="dash")))
@@ -81,30 +84,35 @@ def pareto_figure(runs: pd.DataFrame, label: str = "trial", slo_ttft_ms: float |
     return fig
 
 
-def label_positions(xs, ys, names: list[str], xr, yr, width_px: float = 640, height_px: float = 380) -> list[str]:
-    """A text position per marker so that labels do not overlap one another (greedy, the highest point first):
-    each label's box is estimated from its length (7 px a character, 16 px high) on a plot of about that size."""
-    spots = ("top right", "top left", "bottom right", "bottom left", "middle right", "middle left")
-    sx, sy = (xr[1] - xr[0]) or 1.0, (yr[1] - yr[0]) or 1.0
-    placed, out = [], ["top right"] * len(names)
-    for i in sorted(range(len(names)), key=lambda k: -(ys[k] if ys[k] == ys[k] else -np.inf)):
-        x, y = (xs[i] - xr[0]) / sx * width_px, (ys[i] - yr[0]) / sy * height_px
-        w, h = 7.0 * len(str(names[i])) + 8, 16.0
+LABEL_FONT_PX = 12
 
-        def box(spot):
-            vert, horiz = spot.split()
-            x0 = x + 6 if horiz == "right" else x - 6 - w
-            y0 = {"top": y + 6, "bottom": y - 6 - h, "middle": y - h / 2}[vert]
-            return x0, y0, x0 + w, y0 + h
+
+def label_box(px: float, py: float, ax: float, ay: float, text: str) -> tuple[float, float, float, float]:
+    """The box (x0, y0, x1, y1; y up, px) of a label centred `ax` right and `ay` down (plotly's sense) of a point."""
+    w, h = 0.6 * LABEL_FONT_PX * len(str(text)) + 6, LABEL_FONT_PX + 6.0
+    cx, cy = px + ax, py - ay
+    return cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+
+
+def label_offsets(xs, ys, names: list[str], xr, yr, width_px: float = 640, height_px: float = 380) -> list[tuple]:
+    """An (ax, ay) pixel offset per point for its label (an annotation with a leader line), chosen greedily, the
+    highest point first, so that no label covers another label or a marker: crowded points get labels further out."""
+    sx, sy = (xr[1] - xr[0]) or 1.0, (yr[1] - yr[0]) or 1.0
+    pts = [((x - xr[0]) / sx * width_px, (y - yr[0]) / sy * height_px) for x, y in zip(xs, ys)]
+    marks = [(px - 7, py - 7, px + 7, py + 7) for px, py in pts]
+    placed, out = [], [(0.0, -20.0)] * len(names)
+    tries = [(ax, ay) for ay in (-20, 20, -38, 38, -56, 56, -74, 74, -92, 92) for ax in (0, 60, -60, 120, -120)]
+    for i in sorted(range(len(names)), key=lambda k: -(ys[k] if ys[k] == ys[k] else -np.inf)):
+        px, py = pts[i]
 
         def clash(b):
-            inside = b[0] >= 0 and b[2] <= width_px and b[1] >= 0 and b[3] <= height_px
             hits = sum(max(0.0, min(b[2], o[2]) - max(b[0], o[0])) * max(0.0, min(b[3], o[3]) - max(b[1], o[1]))
-                       for o in placed)
-            return hits + (0 if inside else w * h / 2)
+                       for o in placed + marks)
+            inside = b[0] >= 0 and b[2] <= width_px and b[1] >= 0 and b[3] <= height_px
+            return hits + (0 if inside else 1e4)
 
-        best = min(spots, key=lambda sp: clash(box(sp)))
-        placed.append(box(best))
+        best = min(tries, key=lambda t: clash(label_box(px, py, *t, names[i])))
+        placed.append(label_box(px, py, *best, names[i]))
         out[i] = best
     return out
 
