@@ -358,7 +358,7 @@ rep.verdict()'''),
     code('plots.pareto_figure(rep.runs[rep.runs.status == "ok"] if not rep.runs.empty else rep.runs)'),
     md("## Each knob against its baseline"),
     code('''\
-display(rep.claims)
+display(workbook.claims_table(rep.claims))
 plots.effects_figure(rep.claims, "goodput") if not rep.claims.empty else None'''),
     code('plots.effects_figure(rep.claims, "output_throughput") if not rep.claims.empty else None'),
 ])

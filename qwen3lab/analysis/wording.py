@@ -165,3 +165,32 @@ def chapter_verdict(verdicts: list, claims, slo: SLO) -> str:
         for r in claims[claims.verdict.str.startswith("not compared: ")].itertuples():
             lines.append(f"\n- {r.trial}: {r.verdict}.")
     return "".join(lines)
+
+
+# Decimals a figure is read to: what a launch-to-launch spread of a few percent leaves meaningful
+DECIMALS = {"output_throughput": 0, "total_token_throughput": 0, "request_throughput": 2, "request_goodput": 2,
+            "goodput": 2, "attainment": 3, "capacity": 3, "change_pct": 1, "low_pct": 1, "high_pct": 1}
+
+
+def rounded(df):
+    """A table of figures for reading: latencies (…_ms) to 0.1 ms, token rates to 1 tok/s, request rates to
+    0.01 req/s, other floats to 3 significant digits; ids, names and counts untouched."""
+    import numpy as np
+    import pandas as pd
+
+    if df is None or df.empty:
+        return df
+    out = df.copy()
+    for col in out.columns:
+        if not pd.api.types.is_float_dtype(out[col]):
+            continue
+        if col in DECIMALS:
+            out[col] = out[col].round(DECIMALS[col])
+        elif str(col).endswith("_ms") or str(col).endswith("_s"):
+            out[col] = out[col].round(1)
+        else:
+            v = out[col].to_numpy(dtype=float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                digits = np.where(np.isfinite(v) & (v != 0), 2 - np.floor(np.log10(np.abs(v))), 0).astype(int)
+            out[col] = [round(x, int(d)) if np.isfinite(x) else x for x, d in zip(v, digits)]
+    return out

@@ -171,8 +171,10 @@ class ChapterRun:
 
     def table(self) -> pd.DataFrame:
         """The chapter's runs, the columns worth reading."""
+        from qwen3lab.analysis.wording import rounded
+
         df = self.runs()
-        return df[[c for c in RUN_COLUMNS if c in df]] if not df.empty else df
+        return rounded(df[[c for c in RUN_COLUMNS if c in df]]) if not df.empty else df
 
     def ok_runs(self) -> pd.DataFrame:
         """The standing runs that are ok: the ones with figures."""

@@ -31,7 +31,7 @@ class Report:
 
     def table(self) -> pd.DataFrame:
         cols = [c for c in RUN_COLUMNS if c in self.runs]
-        return self.runs[cols] if not self.runs.empty else self.runs
+        return wording.rounded(self.runs[cols]) if not self.runs.empty else self.runs
 
     def ranking(self) -> pd.DataFrame:
         """Each comparable group's ranking, one after the other, the group's chapters in the first column."""
@@ -39,7 +39,7 @@ class Report:
         if not parts:
             return pd.DataFrame()
         df = pd.concat(parts, ignore_index=True)
-        return df[["group", *[c for c in df if c != "group"]]]
+        return wording.rounded(df[["group", *[c for c in df if c != "group"]]])
 
     def verdict(self):
         from IPython.display import Markdown
