@@ -76,3 +76,15 @@ def test_a_chapter_ends_with_its_verdict_in_the_winner_cards_words(store):
 def test_every_chapter_notebook_ends_with_its_verdict(stem):
     nb = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
     assert nb.cells[-1].cell_type == "code" and nb.cells[-1].source.splitlines()[-1] == "ch.verdict()"
+
+
+def test_the_claims_percentile_gives_numpys_very_numbers():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 20, 1042, 1043):
+        for q in (50, 95, 99):
+            v = rng.gamma(4.0, 0.05, (40, n))
+            assert np.array_equal(compare.percentile_last_axis(v, q), np.percentile(v, q, axis=-1)), (n, q)
+    v[0, 0] = np.nan  # NaN: numpy's own path
+    assert np.array_equal(compare.percentile_last_axis(v, 95), np.percentile(v, 95, axis=-1), equal_nan=True)
