@@ -67,9 +67,10 @@ def pareto_figure(runs: pd.DataFrame, label: str = "trial", slo_ttft_ms: float |
                              customdata=df.run_id,
                              hovertemplate="%{text}<br>P95 TTFT %{x:.1f} ms<br>%{y:.1f} tok/s<br>%{customdata}"))
     # each label an annotation with a leader line, placed apart from the other labels and the markers
-    for x, y, name, (ax, ay) in zip(xs, ys, names, label_offsets(xs, ys, list(names), xr, yr)):
-        fig.add_annotation(x=x, y=y, text=str(name), ax=ax, ay=ay, showarrow=True, arrowhead=0, arrowwidth=1,
-                           arrowcolor="#aaaaaa", font=dict(size=LABEL_FONT_PX), name="label")
+    fig.update_layout(annotations=[  # one update, not one add_annotation a run (each validates the whole layout)
+        dict(x=x, y=y, text=str(name), ax=ax, ay=ay, showarrow=True, arrowhead=0, arrowwidth=1, arrowcolor="#aaaaaa",
+             font=dict(size=LABEL_FONT_PX), name="label")
+        for x, y, name, (ax, ay) in zip(xs, ys, names, label_offsets(xs, ys, list(names), xr, yr))])
     front = df[df.front].sort_values("p95_ttft_ms")
     fig.add_trace(go.Scatter(x=front.p95_ttft_ms, y=front.output_throughput, mode="lines", name="Pareto front",
                              line=dict(color="#d62728", dash="dash")))
@@ -99,21 +100,18 @@ def label_offsets(xs, ys, names: list[str], xr, yr, width_px: float = 640, heigh
     highest point first, so that no label covers another label or a marker: crowded points get labels further out."""
     sx, sy = (xr[1] - xr[0]) or 1.0, (yr[1] - yr[0]) or 1.0
     pts = [((x - xr[0]) / sx * width_px, (y - yr[0]) / sy * height_px) for x, y in zip(xs, ys)]
-    marks = [(px - 7, py - 7, px + 7, py + 7) for px, py in pts]
-    placed, out = [], [(0.0, -20.0)] * len(names)
+    taken = [(px - 7, py - 7, px + 7, py + 7) for px, py in pts]  # the markers, then each label placed
+    out = [(0.0, -20.0)] * len(names)
     tries = [(ax, ay) for ay in (-20, 20, -38, 38, -56, 56, -74, 74, -92, 92) for ax in (0, 60, -60, 120, -120)]
     for i in sorted(range(len(names)), key=lambda k: -(ys[k] if ys[k] == ys[k] else -np.inf)):
-        px, py = pts[i]
-
-        def clash(b):
-            hits = sum(max(0.0, min(b[2], o[2]) - max(b[0], o[0])) * max(0.0, min(b[3], o[3]) - max(b[1], o[1]))
-                       for o in placed + marks)
-            inside = b[0] >= 0 and b[2] <= width_px and b[1] >= 0 and b[3] <= height_px
-            return hits + (0 if inside else 1e4)
-
-        best = min(tries, key=lambda t: clash(label_box(px, py, *t, names[i])))
-        placed.append(label_box(px, py, *best, names[i]))
-        out[i] = best
+        cand = np.array([label_box(*pts[i], ax, ay, names[i]) for ax, ay in tries])  # (tries, 4)
+        have = np.array(taken)  # (taken, 4)
+        w = np.clip(np.minimum(cand[:, None, 2], have[None, :, 2]) - np.maximum(cand[:, None, 0], have[None, :, 0]), 0, None)
+        h = np.clip(np.minimum(cand[:, None, 3], have[None, :, 3]) - np.maximum(cand[:, None, 1], have[None, :, 1]), 0, None)
+        outside = ~((cand[:, 0] >= 0) & (cand[:, 2] <= width_px) & (cand[:, 1] >= 0) & (cand[:, 3] <= height_px))
+        best = int(np.argmin((w * h).sum(axis=1) + 1e4 * outside))  # the first of the least covered
+        taken.append(tuple(cand[best]))
+        out[i] = tries[best]
     return out
 
 
