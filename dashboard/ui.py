@@ -123,7 +123,7 @@ def ceilings(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
 
 @st.cache_data(ttl=60, show_spinner=False, max_entries=64)
 def winner(db: str, run_ids: tuple[str, ...], slo_json: str) -> compare.Winner:
-    data = compare.load_runs(Store(db), list(run_ids))
+    data = compare.load_runs(Store(db), list(run_ids), requests=requests(db, run_ids))  # the CDFs' rows too
     return compare.pick_winner(data, SLO.model_validate_json(slo_json))
 
 

@@ -129,12 +129,13 @@ class TrialData:
         return out
 
 
-def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False, rows: pd.DataFrame | None = None) -> list[RunData]:
-    """The runs with their measured requests; `rows`: their run rows when the caller has them (one query less)."""
+def load_runs(store: Store, run_ids: list[str], with_chunks: bool = False, rows: pd.DataFrame | None = None,
+              requests: pd.DataFrame | None = None) -> list[RunData]:
+    """The runs with their measured requests; `rows`, `requests`: what the caller has read already (a query less)."""
     rows = store.runs(run_ids=run_ids) if rows is None else rows[rows.run_id.isin(run_ids)]
     if rows.empty:
         return []
-    reqs = store.requests(run_ids, with_chunks=with_chunks)
+    reqs = store.requests(run_ids, with_chunks=with_chunks) if requests is None else requests
     by_run = dict(tuple(reqs.groupby("run_id", sort=False))) if reqs is not None and not reqs.empty else {}
     out = []
     for row in rows.to_dict("records"):
