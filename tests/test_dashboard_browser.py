@@ -324,6 +324,7 @@ def whole_columns(page, where: str, names: list[str]) -> None:
     """Each named column of the page's first table on screen, no cell of it wider than the column."""
     grid = page.locator("[data-testid='stDataFrame']").first
     grid.wait_for()
+    page.mouse.move(1, 1)  # no hovered header: its shade would read as a separator
     page.wait_for_timeout(500)
     found = grid.evaluate(TEXTS)
     heads = sorted(found["heads"])
