@@ -334,3 +334,19 @@ def test_the_committed_results_open_on_the_answer(app, tmp_path, monkeypatch):
     at.switch_page("views/compare.py")
     at.run()
     assert "cannot be set against each other" in at.error[0].value and "load: request_rate" in at.error[0].value
+
+
+def test_the_decisive_columns_come_first_with_blanks_for_missing_values(app, tmp_path, monkeypatch):
+    """On the committed H200 file: Runs opens with when and on which vLLM, the Winner's ranking with whether and by
+    how much a trial misses the SLOs; a missing value is an empty cell, not "None"."""
+    at = open_committed(app, tmp_path, monkeypatch, "h200-qwen3-14b.duckdb", "views/runs.py")
+    runs = at.dataframe[0].value
+    assert list(runs.columns[:4]) == ["started_at", "label", "status", "vllm_version"]
+    assert not runs.isin(["None", "nan"]).any().any() and runs.reason.isna().sum() == 0  # blank, not None
+    at.switch_page("views/winner.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    ranking = at.dataframe[0].value
+    assert list(ranking.columns[:4]) == ["rank", "label", "slo_pass", "why_not"]
+    missing = ranking[~ranking.slo_pass]
+    assert len(missing) and (missing.why_not.str.len() > 0).all() and (ranking[ranking.slo_pass].why_not == "").all()
