@@ -390,11 +390,12 @@ def ranking_table(ranking: pd.DataFrame) -> None:
     })
 
 
-def blanks(df: pd.DataFrame) -> pd.DataFrame:
-    """Missing text as an empty cell, never "None" (numbers stay numbers: a missing one is an empty cell too)."""
+def blanks(df: pd.DataFrame, links: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Missing text as an empty cell, never "None" (numbers stay numbers: a missing one is an empty cell too);
+    `links` stay missing (an empty link would still be drawn as a link)."""
     out = df.copy()
     for col in out.columns:
-        if out[col].dtype == object or pd.api.types.is_string_dtype(out[col]):
+        if col not in links and (out[col].dtype == object or pd.api.types.is_string_dtype(out[col])):
             out[col] = out[col].where(out[col].notna(), "")
     return out
 
