@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import ExitStack, contextmanager
 import os
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from qwen3lab.analysis import comparable, compare, efficiency, export, plots, selection
+from qwen3lab.analysis.claims import claims as claims_of
 from qwen3lab.analysis.wording import launches, margin_text, slo_text, verdict_text  # noqa: F401 - pages call ui.slo_text
 from qwen3lab.errors import Qwen3LabError
 from qwen3lab.experiment.spec import SLO
@@ -40,6 +42,20 @@ def store() -> Store:
     return Store(db_path())
 
 
+@contextmanager
+def one_open_file():
+    """One render's queries on one open of the file. DuckDB shares an open database between the connections of a
+    process, so the file's metadata and blocks are read once a render instead of once a query (at 10,000 runs the
+    opens were most of a page's time). Released when the render ends: a sweep still writes between renders."""
+    with ExitStack() as held:
+        if Path(db_path()).exists():
+            try:
+                held.enter_context(store().connect(read_only=True))
+            except Qwen3LabError:
+                pass  # a writer holds the file: each query waits for it, as before
+        yield
+
+
 def stop_with(exc: Exception) -> None:
     """A store error as a message that says what to do, then stop the page."""
     msg = str(exc)
@@ -54,10 +70,10 @@ def stop_with(exc: Exception) -> None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _runs(db: str, stamp: float) -> pd.DataFrame:
-    df = Store(db).runs(with_json=True)
-    if df.empty:
-        return df
-    return df.drop(columns=["summary_json", "info_json", "config_json", "workload_json", "exec_argv_json"])
+    df = Store(db).runs()  # without the JSON columns: at 10,000 runs reading them was a third of the page
+    if not df.empty:
+        df["label"] = compare.run_labels(df)
+    return df
 
 
 def runs() -> pd.DataFrame:
@@ -68,9 +84,7 @@ def runs() -> pd.DataFrame:
         stop_with(exc)
     if df.empty:
         stop_with(Qwen3LabError("no database" if not Path(db_path()).exists() else "no runs stored yet"))
-    df = df.copy()
-    df["label"] = [compare.run_label(r) for r in df[["run_id", "chapter", "trial"]].to_dict("records")]
-    return df
+    return df  # st.cache_data hands each caller its own copy
 
 
 def mtime() -> float:
@@ -109,7 +123,7 @@ def ceilings(db: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
 
 @st.cache_data(ttl=60, show_spinner=False, max_entries=64)
 def winner(db: str, run_ids: tuple[str, ...], slo_json: str) -> compare.Winner:
-    data = compare.load_runs(Store(db), list(run_ids))
+    data = compare.load_runs(Store(db), list(run_ids), requests=requests(db, run_ids))  # the CDFs' rows too
     return compare.pick_winner(data, SLO.model_validate_json(slo_json))
 
 
@@ -124,7 +138,7 @@ def winner_or_stop(db: str, run_ids: tuple[str, ...], slo: SLO) -> compare.Winne
 
 @st.cache_data(ttl=60, show_spinner="Bootstrapping each trial against its baseline…", max_entries=16)
 def claims(db: str, experiment: str, slo_json: str, stamp: float) -> pd.DataFrame:
-    return compare.claims(Store(db), experiment, SLO.model_validate_json(slo_json))
+    return claims_of(Store(db), experiment, SLO.model_validate_json(slo_json))
 
 
 def refresh_button() -> None:
@@ -228,8 +242,8 @@ def selection_sidebar(df: pd.DataFrame) -> list[str]:
                              on_change=new_group, help="Runs of one workload, tokenizer, machine and vLLM build "
                              "(the comparability key), by experiment and chapters; the largest group is picked for you")
     choices = mine[mine.status.isin(selection.MEASURED)]
-    labels = {r.run_id: (f"{r.experiment}: " if exp == ALL else "") + f"{r.label} · {r.run_id[-6:]}"
-              for r in choices.itertuples()}
+    text = (choices.experiment.astype(str) + ": " if exp == ALL else "") + choices.label + " · " + choices.run_id.str[-6:]
+    labels = dict(zip(choices.run_id, text))
     if "run_ids" not in st.session_state or not set(st.session_state.run_ids) <= set(labels):
         st.session_state.run_ids = list(found[st.session_state.group]["run_ids"]) if found else []
     picked = st.sidebar.multiselect("Runs to compare", list(labels), key="run_ids", format_func=labels.get,
@@ -357,19 +371,33 @@ def winner_card(w: compare.Winner, slo: SLO) -> None:
 
 
 def ranking_table(ranking: pd.DataFrame) -> None:
-    show = ranking[["rank", "label", "launches", "slo_pass", "goodput", "output_throughput", "request_throughput",
-                    "p95_ttft_ms", "p95_tpot_ms", "p99_e2el_ms", "completed", "failed", "why_not", "run_id"]]
-    st.dataframe(show, hide_index=True, width="stretch", column_config={
-        "rank": st.column_config.NumberColumn("#", width="small"),
-        "label": "trial", "slo_pass": st.column_config.CheckboxColumn("meets SLOs"),
-        "goodput": st.column_config.NumberColumn("goodput", format="%.2f req/s"),
-        "output_throughput": st.column_config.NumberColumn("output", format="%.0f tok/s"),
-        "request_throughput": st.column_config.NumberColumn("requests", format="%.2f req/s"),
-        "p95_ttft_ms": st.column_config.NumberColumn("P95 TTFT", format="%.0f ms"),
-        "p95_tpot_ms": st.column_config.NumberColumn("P95 TPOT", format="%.1f ms"),
-        "p99_e2el_ms": st.column_config.NumberColumn("P99 E2EL", format="%.0f ms"),
-        "why_not": "misses the SLOs by", "run_id": "newest run",
+    """The verdict columns first (meets the SLOs, by how much it misses them), then the figures, units in headers."""
+    show = ranking[["rank", "label", "slo_pass", "why_not", "goodput", "output_throughput", "request_throughput",
+                    "p95_ttft_ms", "p95_tpot_ms", "p99_e2el_ms", "launches", "completed", "failed", "run_id"]]
+    st.dataframe(blanks(show), hide_index=True, width="stretch", column_config={
+        "rank": st.column_config.NumberColumn("#", width=40, pinned=True),
+        "label": st.column_config.TextColumn("trial", width="large", pinned=True),
+        "slo_pass": st.column_config.CheckboxColumn("meets SLOs", width=90),
+        "why_not": st.column_config.TextColumn("misses the SLOs by", width="large"),
+        "goodput": st.column_config.NumberColumn("goodput (req/s)", format="%.2f"),
+        "output_throughput": st.column_config.NumberColumn("output (tok/s)", format="%.0f"),
+        "request_throughput": st.column_config.NumberColumn("requests (req/s)", format="%.2f"),
+        "p95_ttft_ms": st.column_config.NumberColumn("P95 TTFT (ms)", format="%.0f"),
+        "p95_tpot_ms": st.column_config.NumberColumn("P95 TPOT (ms)", format="%.1f"),
+        "p99_e2el_ms": st.column_config.NumberColumn("P99 E2EL (ms)", format="%.0f"),
+        "completed": st.column_config.NumberColumn("ok (requests)"), "failed": st.column_config.NumberColumn("failed (requests)"),
+        "run_id": "newest run",
     })
+
+
+def blanks(df: pd.DataFrame, links: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Missing text as an empty cell, never "None" (numbers stay numbers: a missing one is an empty cell too);
+    `links` stay missing (an empty link would still be drawn as a link)."""
+    out = df.copy()
+    for col in out.columns:
+        if col not in links and (out[col].dtype == object or pd.api.types.is_string_dtype(out[col])):
+            out[col] = out[col].where(out[col].notna(), "")
+    return out
 
 
 def pareto(ranking: pd.DataFrame, slo: SLO):

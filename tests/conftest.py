@@ -106,7 +106,7 @@ SERVER_TESTS = {
     "test_engine.py::test_server_killed_mid_run_is_stored_as_crashed",
     "test_engine.py::test_stop_leaves_no_process_or_port",
     "test_engine.py::test_launcher_killed_with_its_children_leaves_no_engine_core",
-    "test_export.py::test_pasted_shell_command_starts_the_same_server",
+    "test_export.py::test_pasted_launch_command_starts_the_same_server",
     "test_faults.py::test_qwen3lab_sigkilled_then_resumed",
     "test_faults.py::test_port_taken_fails_with_the_reason_and_leaves_nothing",
     "test_fidelity.py::test_flusher_keeps_storage_and_progress_off_the_loop",

@@ -164,9 +164,14 @@ def test_export_page_shows_the_winners_commands(app, db):
 def test_claims_page(app, db):
     at = app("views/claims.py")
     table = at.dataframe[0].value
-    assert set(table.trial) == {"max-num-seqs-4", "enforce-eager"} and set(table.baseline) == {"max-num-seqs-128"}
-    assert set(table.verdict) == {stats.ONE_LAUNCH}  # the fixture's trials were launched once each
-    assert all("95% CI" in c for c in table.change)
+    assert list(table.columns[:3]) == ["verdict", "chapter", "trial"]  # the decisive column first
+    compared = table[table.verdict != "not compared"]
+    assert set(compared.trial) == {"max-num-seqs-4", "enforce-eager"} and set(compared.baseline) == {"max-num-seqs-128"}
+    assert set(compared.verdict) == {stats.ONE_LAUNCH}  # the fixture's trials were launched once each
+    assert compared["change (%)"].str.fullmatch(r"[+-]\d+\.\d").all()  # rounded to a tenth of a percent
+    # every trial left out says why, in words, not a None
+    assert (table[table.verdict == "not compared"]["why not compared"].str.len() > 10).all()
+    assert not table.isin(["None", "nan"]).any().any()
     assert len(at.get("plotly_chart")) == 3
 
 
@@ -329,3 +334,19 @@ def test_the_committed_results_open_on_the_answer(app, tmp_path, monkeypatch):
     at.switch_page("views/compare.py")
     at.run()
     assert "cannot be set against each other" in at.error[0].value and "load: request_rate" in at.error[0].value
+
+
+def test_the_decisive_columns_come_first_with_blanks_for_missing_values(app, tmp_path, monkeypatch):
+    """On the committed H200 file: Runs opens with when and on which vLLM, the Winner's ranking with whether and by
+    how much a trial misses the SLOs; a missing value is an empty cell, not "None"."""
+    at = open_committed(app, tmp_path, monkeypatch, "h200-qwen3-14b.duckdb", "views/runs.py")
+    runs = at.dataframe[0].value
+    assert list(runs.columns[:4]) == ["started_at", "label", "status", "vllm_version"]
+    assert not runs.isin(["None", "nan"]).any().any() and runs.reason.isna().sum() == 0  # blank, not None
+    at.switch_page("views/winner.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    ranking = at.dataframe[0].value
+    assert list(ranking.columns[:4]) == ["rank", "label", "slo_pass", "why_not"]
+    missing = ranking[~ranking.slo_pass]
+    assert len(missing) and (missing.why_not.str.len() > 0).all() and (ranking[ranking.slo_pass].why_not == "").all()

@@ -13,18 +13,19 @@ LAYERS = [
      "measure.workload", "measure.telemetry", "measure.engine", "measure.attention", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
-     "analysis.drift", "measure.router", "analysis.history", "analysis.regress"],
+     "analysis.claims", "analysis.uncompared", "analysis.drift", "measure.router", "analysis.history",
+     "analysis.regress"],
     ["measure.events", "measure.loadgen", "measure.topology", "measure.provenance", "measure.runner",
      "measure.schedule", "measure.executor", "measure.ray_worker", "measure.ray_executor", "measure.loadpoint",
      "measure.capacity", "measure.suggestions", "measure.search", "measure.soak", "campaign"],
     ["analysis.export", "analysis.deploy", "analysis.importers", "analysis.plots", "analysis.wording",
-     "analysis.efficiency", "analysis.history_plot"],
+     "analysis.efficiency", "analysis.history_plot", "analysis.static_charts"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
      "dashboard_launch", "cli", "__main__", "kuberay", "campaign_cli"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
-MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "workbook", "workbook.chapter",
-               "campaign_cli", "analysis.history_plot",
+MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "analysis.static_charts", "workbook",
+               "workbook.chapter", "campaign_cli", "analysis.history_plot",
                "workbook.analysis", "workbook.report", "workbook.capacity",
                "hardware.calibrate"}  # its main() is the command line run on the GPU host: it prints its table
 MAX_LINES = 450

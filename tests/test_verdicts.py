@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from qwen3lab.analysis import comparable, compare, importers, stats, wording
+from qwen3lab.analysis.claims import claims as claims_of
 from qwen3lab.experiment.spec import SLO, RequestClass, Trial
 from qwen3lab.store import Store
 from tests import dashdata
@@ -115,7 +116,7 @@ def test_claims_pair_by_comparability_key_not_by_name(tmp_path):
                                "started_at": "2026-12-02T00:00:00+00:00"})
     store.add_requests(smoke, store.requests([row["run_id"]]).head(3).drop(columns=["chunk_count", "run_id"]).to_dict("records"))
     store.finish_run(smoke, "ok", summary={"duration": 2.0, "completed": 3})
-    got = compare.claims(store, "cpu-tiny", SLO(ttft_p95_ms=1500, tpot_p95_ms=50), n_boot=300)
+    got = claims_of(store, "cpu-tiny", SLO(ttft_p95_ms=1500, tpot_p95_ms=50), n_boot=300)
     mine = got[got.run_id == smoke]
     assert len(mine) == 1 and mine.verdict.iloc[0].startswith("not compared: workload: smoke-digest vs")
     paired = got[(got.trial == "enforce-eager") & (got.run_id == row["run_id"])]
@@ -506,7 +507,7 @@ def test_two_real_measurements_of_a_chapter_never_name_two_confident_winners(tmp
     if pooled.verdict == "can't tell":
         assert f"{pooled.margin.detectable:.2f} req/s or more" in wording.verdict_text(pooled)
     # claims leave out launches marked unreliable (3 of these 8): a trial left with one launch says so
-    got = compare.claims(store, "cpu-tiny", slo)
+    got = claims_of(store, "cpu-tiny", slo)
     reliable = store.runs(status="ok")
     reliable = reliable[reliable.validity.isna()]
     for row in got.to_dict("records"):

@@ -52,9 +52,14 @@ plots.pareto_figure(ok)'''
 
 EFFECTS = '''\
 # Each trial against the chapter's baseline: relative change with a 95% interval (Welch's t over launches).
+# A trial with no comparable baseline has a row saying why.
 effects = ch.effects()
-display(effects)
-plots.effects_figure(effects, "goodput") if not effects.empty else ch.say("No trial has a finished baseline yet.")'''
+display(workbook.claims_table(effects))
+plots.effects_figure(effects, "goodput")'''
+
+VERDICT = '''\
+# The chapter's answer in words: the winner card's wording (qwen3lab.analysis.wording).
+ch.verdict()'''
 
 CDF = '''\
 plots.cdf_figure(ch.requests(), "{metric}", ch.labels)'''
@@ -86,6 +91,8 @@ def chapter_notebook(number: str, chapter: str, title: str, intro: str, analysis
         code(RUN),
         md("## The answer"),
         *analysis,
+        md("## Verdict"),
+        code(VERDICT),
     ]
     return notebook(cells)
 
@@ -351,7 +358,7 @@ rep.verdict()'''),
     code('plots.pareto_figure(rep.runs[rep.runs.status == "ok"] if not rep.runs.empty else rep.runs)'),
     md("## Each knob against its baseline"),
     code('''\
-display(rep.claims)
+display(workbook.claims_table(rep.claims))
 plots.effects_figure(rep.claims, "goodput") if not rep.claims.empty else None'''),
     code('plots.effects_figure(rep.claims, "output_throughput") if not rep.claims.empty else None'),
 ])

@@ -32,14 +32,17 @@ if not searches.empty:
     st.caption("Capacity = the largest offered load whose point met the SLOs; the bracket is that point and the "
                "first failing one above it. One server served every point of a search; with `capacity.launches` "
                "above 1, the capacity is the median of that many launches and the bracket spans all of them.")
-    st.dataframe(ranked[["chapter", "trial", "status", "axis", "capacity", "low", "high", "launches", "points",
-                         "start_s", "measure_s", "reason", "search_id"]], hide_index=True, width="stretch",
-                 column_config={"capacity": st.column_config.NumberColumn("capacity", format="%g"),
-                                "low": st.column_config.NumberColumn("last pass", format="%g"),
-                                "high": st.column_config.NumberColumn("first fail", format="%g"),
-                                "start_s": st.column_config.NumberColumn("start s", format="%.0f",
+    axes = ranked.axis.dropna().unique()
+    unit = ui.AXIS_UNITS.get(axes[0], axes[0]) if len(axes) == 1 else "load"
+    st.dataframe(ui.blanks(ranked[["trial", "capacity", "low", "high", "status", "chapter", "axis", "launches", "points",
+                                   "start_s", "measure_s", "reason", "search_id"]]), hide_index=True, width="stretch",
+                 column_config={"trial": st.column_config.TextColumn("trial", width="medium", pinned=True),
+                                "capacity": st.column_config.NumberColumn(f"capacity ({unit})", format="%g"),
+                                "low": st.column_config.NumberColumn(f"last pass ({unit})", format="%g"),
+                                "high": st.column_config.NumberColumn(f"first fail ({unit})", format="%g"),
+                                "start_s": st.column_config.NumberColumn("start (s)", format="%.0f",
                                                                           help="process start to /health"),
-                                "measure_s": st.column_config.NumberColumn("load s", format="%.0f")})
+                                "measure_s": st.column_config.NumberColumn("load (s)", format="%.0f")})
     names = dict(zip(ranked.search_id, ranked.chapter + "/" + ranked.trial))
     shown = st.multiselect("Configurations", list(ranked.search_id), default=list(ranked.search_id[:6]),
                            format_func=lambda s: names.get(s, s), key="capacity_searches")
@@ -66,10 +69,16 @@ if not searches.empty:
         for side in ("server", "client"):  # None where a point had no window (or was stored before there were)
             for key in ("slope", "p"):
                 rows[f"{side} queue {key}"] = [((q or {}).get(side) or {}).get(key) for q in rows.queue_trend]
-        st.dataframe(rows[["configuration", "index", "load", "passed", "offered_rate", "served_rate", "goodput_rate",
+        st.dataframe(ui.blanks(rows[["configuration", "index", "load", "passed", "offered_rate", "served_rate", "goodput_rate",
                            "steady_s", "server queue slope", "server queue p", "client queue slope", "client queue p",
-                           "attainment", "why"]], hide_index=True, width="stretch",
-                     column_config={"steady_s": st.column_config.NumberColumn("steady window s", format="%.0f")})
+                           "attainment", "why"]]), hide_index=True, width="stretch",
+                     column_config={"steady_s": st.column_config.NumberColumn("steady window (s)", format="%.0f"),
+                                    "configuration": st.column_config.TextColumn("configuration", width="medium",
+                                                                                 pinned=True),
+                                    "offered_rate": st.column_config.NumberColumn("offered (req/s)", format="%.3g"),
+                                    "served_rate": st.column_config.NumberColumn("served (req/s)", format="%.3g"),
+                                    "goodput_rate": st.column_config.NumberColumn("goodput (req/s)", format="%.3g"),
+                                    "attainment": st.column_config.NumberColumn("attainment (share)", format="%.3f")})
 
 if not studies.empty:
     from qwen3lab.measure import search as se

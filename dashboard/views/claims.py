@@ -2,7 +2,7 @@
 import streamlit as st
 
 from dashboard import ui
-from qwen3lab.analysis import plots
+from qwen3lab.analysis import plots, wording
 
 st.title("Claims: does each knob change help?")
 df = ui.runs()
@@ -22,14 +22,14 @@ claims = ui.claims(ui.db_path(), exp, slo.model_dump_json(), ui.mtime())
 if claims.empty:
     st.info("No trial of this experiment has a finished baseline to compare against.")
     st.stop()
-table = claims.copy()
-table["change"] = [f"{c:+.1f}% (95% CI {lo:+.1f} .. {hi:+.1f})" if c == c else "–" for c, lo, hi in
-                   zip(table.change_pct, table.low_pct, table.high_pct)]
-table["metric"] = table.metric.map({"goodput": "goodput (req/s)", "output_throughput": "output throughput (tok/s)",
-                                    "p95_ttft_ms": "P95 TTFT (ms, lower is better)", "all": "–"})
-st.dataframe(table[["chapter", "trial", "baseline", "metric", "change", "launches", "baseline_launches", "verdict"]],
-             hide_index=True,
-             width="stretch")
+# The verdict first; a trial without a comparable baseline says why in the last column
+st.dataframe(wording.claims_table(claims), hide_index=True, width="stretch", column_config={
+    "verdict": st.column_config.TextColumn("verdict", width=320, pinned=True),  # "one launch: launch-to-launch spread unknown" whole
+    "trial": st.column_config.TextColumn("trial", pinned=True),
+    "launches": st.column_config.NumberColumn("launches", width="small"),
+    "baseline launches": st.column_config.TextColumn("baseline launches", width="small"),
+    "why not compared": st.column_config.TextColumn("why not compared", width="large"),
+})
 for tab, metric in zip(st.tabs(["Goodput", "Output throughput", "P95 TTFT"]),
                        ("goodput", "output_throughput", "p95_ttft_ms")):
     with tab:

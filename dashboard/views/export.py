@@ -24,7 +24,7 @@ if default not in set(launched.run_id):
     w = ui.winner(ui.db_path(), tuple(ids), slo.model_dump_json()) if ids else None
     default = w.winner.run_id if w is not None and w.winner is not None else launched.run_id.iloc[0]
 options = list(launched.run_id)
-labels = {r.run_id: f"{r.label} · {r.run_id}" for r in launched.itertuples()}
+labels = dict(zip(launched.run_id, launched.label + " · " + launched.run_id))  # column-wise: 10,000 runs
 c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
 run_id = c1.selectbox("Run", options, index=options.index(default) if default in options else 0,
                       format_func=labels.get, help="The winner of the Winner page is picked for you")

@@ -27,19 +27,23 @@ view["notebook"] = [f"file?{urlencode({'run': r, 'what': 'notebook'})}"
 done = (view.status == "ok").sum()
 st.caption(f"{len(view)} of {len(df)} runs · {done} finished · newest first. Latencies in ms, per measured "
            "request (warmup excluded).")
+# When and on which vLLM first (they decide what a row can be compared with), then the figures; units in headers
 COLUMNS = {
-    "label": "trial", "status": "status",
-    "output_throughput": st.column_config.NumberColumn("output", format="%.0f tok/s"),
-    "request_throughput": st.column_config.NumberColumn("requests", format="%.2f req/s"),
-    "request_goodput": st.column_config.NumberColumn("goodput", format="%.2f req/s", help="under the experiment's SLOs"),
-    "median_ttft_ms": st.column_config.NumberColumn("TTFT p50", format="%.0f ms"),
-    "p95_ttft_ms": st.column_config.NumberColumn("TTFT p95", format="%.0f ms", help="every measured request"),
+    "started_at": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm", pinned=True),
+    "label": st.column_config.TextColumn("trial", width="large", pinned=True,
+                                         help="CHAPTER/TRIAL; hover a cell for the whole name"),
+    "status": st.column_config.TextColumn("status", width=90), "vllm_version": st.column_config.TextColumn("vLLM", width=70),
+    "output_throughput": st.column_config.NumberColumn("output (tok/s)", format="%.0f"),
+    "request_throughput": st.column_config.NumberColumn("requests (req/s)", format="%.2f"),
+    "request_goodput": st.column_config.NumberColumn("goodput (req/s)", format="%.2f", help="under the experiment's SLOs"),
+    "median_ttft_ms": st.column_config.NumberColumn("TTFT p50 (ms)", format="%.0f"),
+    "p95_ttft_ms": st.column_config.NumberColumn("TTFT p95 (ms)", format="%.0f", help="every measured request"),
     "steady_p95_ttft_ms": st.column_config.NumberColumn(
-        "TTFT p95 steady", format="%.0f ms",
+        "TTFT p95 steady (ms)", format="%.0f",
         help="without the opening burst: the first `concurrency` requests of a closed loop, sent at once on an idle server"),
-    "p95_tpot_ms": st.column_config.NumberColumn("TPOT p95", format="%.1f ms"),
-    "p99_e2el_ms": st.column_config.NumberColumn("E2EL p99", format="%.0f ms"),
-    "completed": st.column_config.NumberColumn("ok"), "failed": st.column_config.NumberColumn("failed"),
+    "p95_tpot_ms": st.column_config.NumberColumn("TPOT p95 (ms)", format="%.1f"),
+    "p99_e2el_ms": st.column_config.NumberColumn("E2EL p99 (ms)", format="%.0f"),
+    "completed": st.column_config.NumberColumn("ok (requests)"), "failed": st.column_config.NumberColumn("failed (requests)"),
     "planner_kv_tokens": st.column_config.NumberColumn("KV tokens (planner)", format="%d",
                                                        help="KV cache capacity the planner predicted in pre-flight"),
     "vllm_kv_tokens": st.column_config.NumberColumn("KV tokens (vLLM)", format="%d",
@@ -49,10 +53,10 @@ COLUMNS = {
     "reason": st.column_config.TextColumn("reason", width="medium"),
     "validity": st.column_config.TextColumn("measurement", width="medium",
                                             help="'unreliable: …' when the client, not the server, set the numbers"),
-    "experiment": "experiment", "vllm_version": "vLLM", "gpu": "GPU", "model": "model", "started_at": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm"),
+    "experiment": "experiment", "gpu": "GPU", "model": "model",
     "run_id": "run",
 }
-picked = st.dataframe(view[list(COLUMNS)], hide_index=True, width="stretch", column_config=COLUMNS,
+picked = st.dataframe(ui.blanks(view[list(COLUMNS)], links=("log", "notebook")), hide_index=True, width="stretch", column_config=COLUMNS,
                       on_select="rerun", selection_mode="multi-row", key="runs_table", height=min(35 * (len(view) + 1) + 3, 560))
 rows = picked.selection.rows if picked is not None and hasattr(picked, "selection") else []
 chosen = list(view.run_id.iloc[rows]) if rows else []

@@ -102,3 +102,95 @@ def winner_json(v) -> dict:
         "unreliable_launches_ranked": v.unreliable_in, "unreliable_launches_left_out": v.unreliable_out,
         "ranking": w.ranking.to_dict("records"),
     }
+
+
+# --- claims and chapters in words --------------------------------------------------------------------------
+METRIC_NAMES = {"goodput": "goodput (req/s)", "output_throughput": "output throughput (tok/s)",
+                "p95_ttft_ms": "P95 TTFT (ms, lower is better)", "all": ""}
+
+
+def claims_table(claims):
+    """Claims for reading (the dashboard's Claims page, every chapter notebook): the verdict first, the change and
+    its interval rounded to what the launches can tell (one decimal of a percent), `why` for a trial not compared."""
+    import pandas as pd
+
+    cols = ["verdict", "chapter", "trial", "baseline", "metric", "change (%)", "95% interval (%)", "launches",
+            "baseline launches", "why not compared"]
+    if claims is None or claims.empty:
+        return pd.DataFrame(columns=cols)
+    why = claims.verdict.where(claims.verdict.str.startswith("not compared: "), "")
+    return pd.DataFrame({
+        "verdict": claims.verdict.where(why == "", "not compared"),
+        "chapter": claims.chapter.fillna(""), "trial": claims.trial.fillna(""), "baseline": claims.baseline.fillna(""),
+        "metric": claims.metric.map(METRIC_NAMES).fillna(claims.metric),
+        "change (%)": [f"{c:+.1f}" if c == c else "" for c in claims.change_pct],
+        "95% interval (%)": [f"{lo:+.1f} .. {hi:+.1f}" if lo == lo and hi == hi else "" for lo, hi in
+                             zip(claims.low_pct, claims.high_pct)],
+        "launches": claims.launches.astype(int),
+        "baseline launches": [str(int(n)) if n else "" for n in claims.baseline_launches.fillna(0)],
+        "why not compared": why.str.removeprefix("not compared: "),
+    }, columns=cols).reset_index(drop=True)
+
+
+def chapter_verdict(verdicts: list, claims, slo: SLO) -> str:
+    """A chapter's answer in sentences (markdown), the end of every chapter notebook: each comparable group's
+    winner as the winner card says it (verdict_text, margin_text), then each claim that holds, then what could
+    not be compared and why."""
+    lines = [f"### Verdict\n\nUnder the SLOs ({slo_text(slo)}):"]
+    if not verdicts:
+        lines.append("\nNo ok run of this chapter has stored requests to rank: nothing to conclude yet.")
+    for v in verdicts:
+        w = v.winner
+        chapters = ", ".join(v.chapters)
+        if w.winner is None:
+            lines.append(f"\n- **{chapters}**: {verdict_text(w)}")
+            continue
+        top = w.ranking.iloc[0]
+        margin = f" Margin over {w.runner_up.label}: {margin_text(w)} goodput." if w.runner_up is not None else ""
+        lines.append(f"\n- **Winner: {w.winner.label}** ({launches(w.winner_trial)}), goodput {top.goodput:.2f} req/s."
+                     f"{margin} {verdict_text(w)}")
+    if claims is not None and not claims.empty:
+        told = claims[claims.verdict.isin(["better", "worse"])]
+        for r in told.itertuples():
+            lines.append(f"\n- {r.trial} against {r.baseline}: {METRIC_NAMES.get(r.metric, r.metric)} "
+                         f"{r.change_pct:+.1f}% (95% CI {r.low_pct:+.1f} .. {r.high_pct:+.1f}), **{r.verdict}**.")
+        short = {"goodput": "goodput", "output_throughput": "output throughput", "p95_ttft_ms": "P95 TTFT"}
+        for word, what in (("can't tell", "Can't tell (within the launches' noise)"),
+                           ("one launch", "One launch a side, so no verdict (the launch-to-launch spread is unknown)")):
+            mine = claims[claims.verdict.str.startswith(word)]
+            if not mine.empty:
+                each = [f"{t} ({', '.join(f'{short.get(m, m)} {c:+.1f}%' for m, c in zip(g.metric, g.change_pct))})"
+                        for t, g in mine.groupby("trial", sort=False)]
+                lines.append(f"\n- {what}: {'; '.join(each)}.")
+        for r in claims[claims.verdict.str.startswith("not compared: ")].itertuples():
+            lines.append(f"\n- {r.trial}: {r.verdict}.")
+    return "".join(lines)
+
+
+# Decimals a figure is read to: what a launch-to-launch spread of a few percent leaves meaningful
+DECIMALS = {"output_throughput": 0, "total_token_throughput": 0, "request_throughput": 2, "request_goodput": 2,
+            "goodput": 2, "attainment": 3, "capacity": 3, "change_pct": 1, "low_pct": 1, "high_pct": 1}
+
+
+def rounded(df):
+    """A table of figures for reading: latencies (…_ms) to 0.1 ms, token rates to 1 tok/s, request rates to
+    0.01 req/s, other floats to 3 significant digits; ids, names and counts untouched."""
+    import numpy as np
+    import pandas as pd
+
+    if df is None or df.empty:
+        return df
+    out = df.copy()
+    for col in out.columns:
+        if not pd.api.types.is_float_dtype(out[col]):
+            continue
+        if col in DECIMALS:
+            out[col] = out[col].round(DECIMALS[col])
+        elif str(col).endswith("_ms") or str(col).endswith("_s"):
+            out[col] = out[col].round(1)
+        else:
+            v = out[col].to_numpy(dtype=float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                digits = np.where(np.isfinite(v) & (v != 0), 2 - np.floor(np.log10(np.abs(v))), 0).astype(int)
+            out[col] = [round(x, int(d)) if np.isfinite(x) else x for x, d in zip(v, digits)]
+    return out

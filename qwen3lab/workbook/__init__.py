@@ -11,6 +11,7 @@ and figures from `qwen3lab.analysis.plots`. The package holds three concepts: th
 each chapter's own analysis (analysis.py: backend table, hit rate, soak windows, ...), the capacity chapter
 (capacity.py) and the 99 report (report.py); `from qwen3lab import workbook` gives the notebooks all of it under one name.
 """
+from qwen3lab.analysis.wording import claims_table
 from qwen3lab.workbook.analysis import (backend_table, drift, environment, environment_tables, long_context_memory,
                                         prefix_hit_rates, router_cost, routing_table, soak_events, soak_windows,
                                         thinking_table, what_fits)
@@ -19,7 +20,7 @@ from qwen3lab.workbook.chapter import (CHAPTER_NOTEBOOK, NOTEBOOKS, RUN_COLUMNS,
 from qwen3lab.workbook.capacity import CapacityChapter, capacity_chapter
 from qwen3lab.workbook.report import Report, report
 
-__all__ = ["CapacityChapter", "capacity_chapter", "CHAPTER_NOTEBOOK", "NOTEBOOKS", "RUN_COLUMNS", "ChapterRun", "Report", "backend_table", "chdir_repo",
+__all__ = ["claims_table", "CapacityChapter", "capacity_chapter", "CHAPTER_NOTEBOOK", "NOTEBOOKS", "RUN_COLUMNS", "ChapterRun", "Report", "backend_table", "chdir_repo",
            "drift", "environment", "environment_tables", "long_context_memory", "notebook_for", "open_chapter",
            "prefix_hit_rates", "report", "router_cost", "routing_table", "say", "setup_plotly", "small_run", "soak_events", "soak_windows",
            "thinking_table", "what_fits"]

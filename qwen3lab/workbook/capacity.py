@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from qwen3lab.analysis import selection, stats
+from qwen3lab.analysis import selection, stats, wording
 from qwen3lab.errors import SpecError
 from qwen3lab.experiment.spec import Capacity
 from qwen3lab.measure import capacity as cap
@@ -55,7 +55,7 @@ class CapacityChapter:
     def point_table(self) -> pd.DataFrame:
         """Every point of every configuration as `qwen3lab capacity --json` shows it (why it passed or failed)."""
         rows = [{"chapter": r.trial.chapter, "trial": r.trial.name} | p.row() for r in self.results for p in r.points]
-        return pd.DataFrame(rows).drop(columns=["run_id"], errors="ignore")
+        return wording.rounded(pd.DataFrame(rows).drop(columns=["run_id"], errors="ignore"))
 
     def limit(self, metric: str) -> float | None:
         """The SLO line of a load-curve metric (the attainment floor for attainment)."""

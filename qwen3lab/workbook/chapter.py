@@ -175,8 +175,10 @@ class ChapterRun:
 
     def table(self) -> pd.DataFrame:
         """The chapter's runs, the columns worth reading."""
+        from qwen3lab.analysis.wording import rounded
+
         df = self.runs()
-        return df[[c for c in RUN_COLUMNS if c in df]] if not df.empty else df
+        return rounded(df[[c for c in RUN_COLUMNS if c in df]]) if not df.empty else df
 
     def ok_runs(self) -> pd.DataFrame:
         """The standing runs that are ok: the ones with figures."""
@@ -200,13 +202,28 @@ class ChapterRun:
 
     def effects(self, n_boot: int = 400) -> pd.DataFrame:
         """Each ok trial against the chapter's baseline, relative change with 95% interval."""
-        from qwen3lab.analysis import compare
+        from qwen3lab.analysis.claims import claims as claims_of
 
-        claims = compare.claims(self.store, self.experiment.name, self.slo, n_boot=n_boot)
+        # the chapter's baseline from the experiment file stands in for runs that stored none (older slices)
+        claims = claims_of(self.store, self.experiment.name, self.slo, n_boot=n_boot,
+                                baselines={self.name: self.baseline} if self.baseline else None)
         if claims.empty:
             return claims
-        mine = set(self.ok_runs().get("run_id", []))
+        mine = set(self.runs().get("run_id", []))  # standing runs, any status: a trial that never finished says so
         return claims[(claims.chapter == self.name) & claims.run_id.isin(mine)].reset_index(drop=True)
+
+    def verdict(self, n_boot: int = 400):
+        """The chapter's answer in words (wording.chapter_verdict, the winner card's wording): the last cell."""
+        from qwen3lab.analysis import compare, wording
+        from qwen3lab.errors import Qwen3LabError
+
+        if self.ok_runs().empty:
+            return say("### Verdict\n\nNo finished run of this chapter yet: nothing to conclude.")
+        try:
+            verdicts = compare.winners(self.store, self.experiment.name, self.slo, chapter=self.name, n_boot=n_boot)
+        except Qwen3LabError as exc:
+            return say(f"### Verdict\n\n{exc}")
+        return say(wording.chapter_verdict(verdicts, self.effects(n_boot), self.slo))
 
     def say(self, text: str):
         return say(text)

@@ -31,7 +31,7 @@ class Report:
 
     def table(self) -> pd.DataFrame:
         cols = [c for c in RUN_COLUMNS if c in self.runs]
-        return self.runs[cols] if not self.runs.empty else self.runs
+        return wording.rounded(self.runs[cols]) if not self.runs.empty else self.runs
 
     def ranking(self) -> pd.DataFrame:
         """Each comparable group's ranking, one after the other, the group's chapters in the first column."""
@@ -39,7 +39,7 @@ class Report:
         if not parts:
             return pd.DataFrame()
         df = pd.concat(parts, ignore_index=True)
-        return df[["group", *[c for c in df if c != "group"]]]
+        return wording.rounded(df[["group", *[c for c in df if c != "group"]]])
 
     def verdict(self):
         from IPython.display import Markdown
@@ -60,6 +60,7 @@ class Report:
 def report(experiment: str | os.PathLike, db: str, n_boot: int = 400) -> Report:
     """All trials of an experiment side by side, the winner of each comparable group, and each knob's effect."""
     from qwen3lab.analysis import compare
+    from qwen3lab.analysis.claims import claims as claims_of
 
     setup_plotly()
     exp = xp.load(experiment)
@@ -73,5 +74,7 @@ def report(experiment: str | os.PathLike, db: str, n_boot: int = 400) -> Report:
         runs = runs.reset_index(drop=True)
     ok = not runs.empty and runs.status.isin(selection.MEASURED).any()
     winners = compare.winners(store, exp.name, slo, n_boot=n_boot) if ok else []
-    claims = compare.claims(store, exp.name, slo, n_boot=n_boot) if ok else pd.DataFrame()
+    baselines = {n: c.baseline or (c.trials[0]["name"] if c.trials else None) for n, c in exp.all_chapters().items()}
+    claims = claims_of(store, exp.name, slo, n_boot=n_boot,
+                            baselines={n: b for n, b in baselines.items() if b}) if ok else pd.DataFrame()
     return Report(exp, store, runs, winners, claims)
