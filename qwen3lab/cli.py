@@ -1,6 +1,7 @@
 """The `qwen3lab` command: a thin shell over the library. Every command is a few lines calling one function.
 
-Lines: over 450 because it holds some twenty commands, each with its options and their help text.
+Shared options and helpers: cli_common; export, k8s, schedule: cli_deploy; builds: cli_builds; campaigns,
+history, regress: campaign_cli.
 """
 from __future__ import annotations
 
@@ -10,53 +11,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
-from qwen3lab.errors import Qwen3LabError, SpecError, SpecErrors
-from qwen3lab.store import DEFAULT_DB
+from qwen3lab.cli_common import (ADDRESS, DB, DRY_RUN, EXECUTOR, RETRY_FAILED, check_executor, console, err,
+                                 experiment_name, fail, print_result)
+from qwen3lab.errors import Qwen3LabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Measure vLLM launch configurations, store every request, pick the winner under SLOs.")
-console = Console()
-if not console.is_terminal:  # a pipe or a log file gets tables and launch commands whole, not cut at 80 columns
-    console = Console(width=220)
-err = Console(stderr=True)
-DB = typer.Option(DEFAULT_DB, "--db", help="DuckDB file holding runs, requests and samples.")
-DRY_RUN = typer.Option(False, "--dry-run", help="Print each trial's launch command and pre-flight verdict; launch nothing.")
-RETRY_FAILED = typer.Option(False, "--retry-failed", help="Run again trials that failed, ran out of memory or crashed.")
-EXECUTOR = typer.Option("local", "--executor", help="local: one trial at a time here; ray: each trial a Ray task on a cluster.")
-ADDRESS = typer.Option(None, "--address", help="With --executor ray: auto (a cluster started with ray start), "
-                       "ray://HOST:10001 or HOST:PORT; unset = a one-node Ray here.")
-
-
-def _fail(exc: Exception) -> None:
-    if isinstance(exc, SpecErrors):
-        err.print(f"[bold red]{len(exc.errors)} problem(s); nothing was launched:[/]")
-        for e in exc.errors:
-            err.print(f" - {e}", markup=False, highlight=False)
-    elif isinstance(exc, SpecError):
-        err.print("[bold red]1 problem; nothing was launched:[/]")
-        err.print(f" - {exc}", markup=False, highlight=False)
-    else:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-    raise typer.Exit(2)
-
-
-def _check_executor(kind: str, address: str | None) -> None:
-    if kind not in ("local", "ray"):
-        _fail(Qwen3LabError(f"--executor {kind!r} is not one of local, ray"))
-    if address and kind != "ray":
-        _fail(Qwen3LabError("--address needs --executor ray"))
-
-
-def _print(data, as_json: bool, table) -> None:
-    """A command's result: JSON on stdout, or the table `table()` builds."""
-    if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-    else:
-        console.print(table())
-
-
 @app.command()
 def run(
     experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
@@ -74,7 +35,7 @@ def run(
     from qwen3lab.measure import executor
     from qwen3lab.store import Store
 
-    _check_executor(executor_kind, address)
+    check_executor(executor_kind, address)
     try:
         on_ray = executor_kind == "ray"
         # On a cluster the trials are judged for the GPU the experiment names; each node judges its own again.
@@ -94,7 +55,7 @@ def run(
             else:
                 results = executor.execute(planned, Store(db), runs_dir, retry_failed, fresh, listener=progress)
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     try:
         console.print(terminal.results_table(results, db))
     except Qwen3LabError as exc:  # the file is held elsewhere: what was measured is in the spool, say so
@@ -124,10 +85,10 @@ def sweep(
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
     params = sw.parse_params(param)
-    _check_executor(executor_kind, address)
+    check_executor(executor_kind, address)
     small = sorted(set(params) & {"num_requests", "warmup_requests", "duration_s"})
     if executor_kind == "ray" and small:
-        _fail(Qwen3LabError(f"-p {', '.join(small)} changes the trials the notebooks run, so the cluster's "
+        fail(Qwen3LabError(f"-p {', '.join(small)} changes the trials the notebooks run, so the cluster's "
                             "runs would not stand for them: drop it, or sweep without --executor ray"))
     try:
         if dry_run:
@@ -154,7 +115,7 @@ def sweep(
                     result = sw.sweep(experiment, db, chapters, str(runs_dir), retry_failed, params, listener=progress)
             console.print(terminal.sweep_table(result, db))
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     raise typer.Exit(result.exit_code)
 
 
@@ -180,7 +141,7 @@ def capacity(
     from qwen3lab.store import Store
 
     chapters = [c for item in only or [] for c in item.split(",") if c] or None
-    _check_executor(executor_kind, address)
+    check_executor(executor_kind, address)
     try:
         with terminal.Progress(err) as listener:
             if executor_kind == "ray":  # the local search opens its campaign itself, once its plan holds
@@ -192,8 +153,8 @@ def capacity(
             else:
                 results = cap.run_capacities(experiment, db, chapters, runs_dir, fresh, listener)
     except Qwen3LabError as exc:
-        _fail(exc)
-    _print([r.as_dict() for r in results], as_json, lambda: terminal.capacity_table(results))
+        fail(exc)
+    print_result([r.as_dict() for r in results], as_json, lambda: terminal.capacity_table(results))
 
 
 @app.command()
@@ -221,8 +182,8 @@ def soak(
         with terminal.Progress(err) as listener:
             result = sk.run_soak(experiment, db, trial, duration, window, max_restarts, runs_dir, listener)
     except Qwen3LabError as exc:
-        _fail(exc)
-    _print(result.as_dict(), as_json, lambda: terminal.soak_table(result))
+        fail(exc)
+    print_result(result.as_dict(), as_json, lambda: terminal.soak_table(result))
     if result.status != "ok":
         raise typer.Exit(1)
 
@@ -246,7 +207,7 @@ def search(
     from qwen3lab import terminal
     from qwen3lab.measure import search as se
 
-    _check_executor(executor_kind, address)
+    check_executor(executor_kind, address)
     # SIGTERM stops like Ctrl-C: the running server is torn down and the trial stored as interrupted.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -254,8 +215,8 @@ def search(
             result = se.run_search(str(experiment), db, str(runs_dir), budget_trials, budget_s, fresh, listener,
                                    executor_kind, address)
     except Qwen3LabError as exc:
-        _fail(exc)
-    _print(result.as_dict(), as_json, lambda: terminal.search_table(result))
+        fail(exc)
+    print_result(result.as_dict(), as_json, lambda: terminal.search_table(result))
 
 
 @app.command()
@@ -276,7 +237,7 @@ def runs(
         try:
             df = compare.runs_under(store, df, compare.parse_slo(slo))
         except Qwen3LabError as exc:
-            _fail(exc)
+            fail(exc)
     if as_json:
         sys.stdout.write(df.to_json(orient="records", date_format="iso", indent=2, double_precision=15) + "\n")
     else:
@@ -298,13 +259,13 @@ def winner(
 
     store = Store(db)
     try:
-        name = _experiment_name(experiment)
+        name = experiment_name(experiment)
         verdicts = compare.winners(store, name, compare.parse_slo(slo, compare.stored_slo(store, name)), chapter,
                                    include_unreliable)
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     if not verdicts:
-        _fail(Qwen3LabError(f"no ok runs of {name!r}{' chapter ' + chapter if chapter else ''} in {db}: "
+        fail(Qwen3LabError(f"no ok runs of {name!r}{' chapter ' + chapter if chapter else ''} in {db}: "
                             "run it first, or list what is stored with `qwen3lab runs`"))
     if as_json:
         sys.stdout.write(json.dumps([wording.winner_json(v) for v in verdicts], indent=2, default=str) + "\n")
@@ -329,27 +290,18 @@ def compare_(
 
     store = Store(db)
     try:
-        name = _experiment_name(experiment) if experiment else None
+        name = experiment_name(experiment) if experiment else None
         ta, tb = compare.resolve(store, a, name), compare.resolve(store, b, name)
         base = compare.stored_slo(store, str(ta.newest.row.get("experiment")))
         df = compare.compare_two(ta, tb, compare.parse_slo(slo, base))
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         sys.stdout.write(json.dumps({"a": ta.label, "b": tb.label, "a_launches": len(ta.launches),
                                      "b_launches": len(tb.launches), "metrics": df.to_dict("records")},
                                     indent=2, default=str) + "\n")
     else:
         console.print(terminal.compare_table(df, f"{ta.label} ({wording.launches(ta)})", f"{tb.label} ({wording.launches(tb)})"))
-
-
-def _experiment_name(arg: str) -> str:
-    """An experiment's stored name, from the name itself or from its YAML file."""
-    if arg.endswith((".yaml", ".yml")) or Path(arg).is_file():
-        from qwen3lab.experiment import files as xp
-
-        return xp.load(arg).name
-    return arg
 
 
 @app.command()
@@ -360,7 +312,7 @@ def show(run_id: str, db: str = DB):
     try:
         row = Store(db).run(run_id)
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     keep = {k: v for k, v in row.items() if not k.endswith("_json")}
     sys.stdout.write(json.dumps(keep, indent=2, default=str) + "\n")
 
@@ -373,7 +325,7 @@ def schema(section: str = typer.Argument("engine", help="engine, endpoint, workl
     try:
         console.print(terminal.schema_table(section))
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command()
@@ -388,7 +340,7 @@ def dashboard(
     try:
         raise typer.Exit(run_dashboard(db, host=host, port=port))
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command()
@@ -405,7 +357,7 @@ def plan(
     try:
         rows = planner.plan_table(gpu, model, context=context)
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     else:
@@ -426,7 +378,7 @@ def calibrate(
     try:
         raise typer.Exit(cal.main(args + (["--out", str(out)] if out else [])))
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command("import")
@@ -442,7 +394,7 @@ def import_(
     try:
         ids = import_files(Store(db), files, experiment=experiment)
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"{len(ids)} run(s) in {db}: " + ", ".join(ids))
 
 
@@ -466,7 +418,7 @@ def router(
                                  max_connections, connect_timeout_s, read_timeout_s)
         rt.serve(config, ready=lambda line: console.print(line, markup=False, highlight=False))
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command()
@@ -482,88 +434,15 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
         console.print(terminal.probe_table(found))
 
 
-@app.command("export")
-def export_(
-    ref: str = typer.Argument(..., metavar="RUN|TRIAL", help="A run id, or TRIAL / CHAPTER/TRIAL (its newest ok run)."),
-    fmt: str = typer.Option("shell", "--format", help="shell, docker, compose or k8s."),
-    model: Optional[str] = typer.Option(None, "--model", help="Checkpoint to deploy (default: the measured model's hub id)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address the server listens on (0.0.0.0: every interface)."),
-    port: int = typer.Option(8000, "--port", help="Port the server listens on."),
-    db: str = DB,
-):
-    """A run's launch command as a deployment: the real checkpoint and the winner's flags, no measuring-kit switches."""
-    from qwen3lab.analysis import export
-    from qwen3lab.store import Store
+from qwen3lab import cli_builds, cli_deploy  # noqa: E402 - command groups in their own modules
 
-    try:
-        sys.stdout.write(export.export_run(export.find_run(Store(db), ref), host, port, model).get(fmt))
-    except Qwen3LabError as exc:
-        _fail(exc)
-
-
-@app.command()
-def k8s(
-    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
-    image: str = typer.Option(..., "--image", help="Container image with qwen3lab, vLLM and Ray installed (the same on every pod)."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per worker pod (default: the most one trial needs)."),
-    nodes: int = typer.Option(1, "--nodes", help="Worker pods."),
-    namespace: Optional[str] = typer.Option(None, "--namespace", help="Kubernetes namespace of every object."),
-    storage: str = typer.Option("50Gi", "--storage", help="Size of the volume holding the DuckDB and server logs."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the manifest here (default: print it)."),
-):
-    """KubeRay manifests (RayCluster + RayJob, the experiment in a ConfigMap, a volume for the DuckDB) that run it."""
-    from qwen3lab import kuberay
-
-    shape = kuberay.Shape(image=image, nodes=nodes, gpus_per_node=gpus_per_node, storage=storage, namespace=namespace)
-    try:
-        text = kuberay.manifest_text(experiment, shape)
-    except Qwen3LabError as exc:
-        _fail(exc)
-    if out:
-        out.write_text(text)
-        err.print(f"wrote {out}: kubectl apply -f {out}")
-    else:
-        sys.stdout.write(text)
-
-
-@app.command()
-def schedule(
-    experiment: Path = typer.Argument(..., help="Experiment YAML (see experiments/)."),
-    every: str = typer.Option(..., "--every", help="1d, Nh, Nm, or five cron fields ('0 3 * * 1-5')."),
-    at: Optional[str] = typer.Option(None, "--at", help="HH:MM: the time of a daily run (default 02:00), the minute of an hourly one."),
-    target: str = typer.Option("systemd", "--target", help="systemd (service + timer), cron (a crontab line) or k8s (a CronJob)."),
-    install: bool = typer.Option(False, "--install", help="Install it (systemctl enable, crontab, kubectl apply) instead of printing it."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the files into this folder (default: print them)."),
-    only: Optional[list[str]] = typer.Option(None, "--only", help="Only these chapters (repeatable)."),
-    log: Optional[Path] = typer.Option(None, "--log", help="Log file of the scheduled runs (default: beside the DuckDB)."),
-    namespace: Optional[str] = typer.Option(None, "--namespace", help="k8s: namespace of the objects."),
-    db: str = DB,
-):
-    """Run the sweep on a timer, one at a time per database (a lock), logged to a file; each run resumes."""
-    from qwen3lab import schedule as sched
-
-    try:
-        files = sched.render(target, experiment, every, at, db, log, tuple(only or ()), namespace)
-        if install:
-            err.print(f"installed into {sched.install(target, files, next(iter(files)).rsplit('.', 1)[0])}")
-    except Qwen3LabError as exc:
-        _fail(exc)
-    for file, text in files.items():
-        if out:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / file).write_text(text)
-            err.print(f"wrote {out / file}")
-        elif not install:
-            sys.stdout.write(f"# --- {file}\n{text}")
-
-
-from qwen3lab import cli_builds  # noqa: E402 - the builds group, in its own module
+app.registered_commands += cli_deploy.app.registered_commands
 
 app.add_typer(cli_builds.app, name="builds")
 
 from qwen3lab import campaign_cli  # noqa: E402 - campaigns, history, regress, given the helpers above
 
-campaign_cli.register(app, _fail, _print, _experiment_name)
+campaign_cli.register(app, fail, print_result, experiment_name)
 
 if __name__ == "__main__":  # python -m qwen3lab.cli
     app()

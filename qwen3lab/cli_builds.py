@@ -8,16 +8,11 @@ from typing import Optional
 
 import typer
 
+from qwen3lab.cli_common import fail
 from qwen3lab.errors import Qwen3LabError
 
 app = typer.Typer(no_args_is_help=True, help="Named vLLM builds side by side (venvs of other releases): add, list, remove.")
 DIR = typer.Option(None, "--dir", help="Builds folder (default: $QWEN3LAB_BUILDS_DIR, else ~/.cache/qwen3lab/builds).")
-
-
-def _fail(exc: Exception) -> None:
-    from qwen3lab.cli import _fail as fail
-
-    fail(exc)
 
 
 @app.command("add")
@@ -35,7 +30,7 @@ def add(
         got = builds.add(requirement, name, str(python) if python else None, where, tuple(pip_args or ()),
                          log=lambda line: print(line, file=sys.stderr))
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     print(f"build {got.name}: {got.distribution} {got.vllm_version}, torch {got.torch_version}, python {got.python}")
 
 
@@ -64,5 +59,5 @@ def remove(name: str = typer.Argument(..., help="The build's name (see `qwen3lab
     try:
         got = builds.remove(name, where)
     except Qwen3LabError as exc:
-        _fail(exc)
+        fail(exc)
     print(f"removed build {got.name}" + ("" if got.managed else f" (its python {got.python} is left as it was)"))

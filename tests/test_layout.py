@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "qwen3lab"
 # Lower layers never import higher ones (README, Layout). Within a layer any import is fine, cycles are not.
 LAYERS = [
-    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink"],
+    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink", "builds"],
     ["experiment.files", "analysis.metrics", "analysis.selection", "analysis.comparable", "analysis.stats",
      "measure.workload", "measure.telemetry", "measure.engine", "measure.attention", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
@@ -21,11 +21,12 @@ LAYERS = [
     ["analysis.export", "analysis.deploy", "analysis.importers", "analysis.plots", "analysis.wording",
      "analysis.efficiency", "analysis.history_plot", "analysis.static_charts"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
-     "dashboard_launch", "cli", "__main__", "kuberay", "campaign_cli"],
+     "dashboard_launch", "cli", "__main__", "kuberay", "campaign_cli", "timer", "cli_common", "cli_builds",
+     "cli_deploy"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
 MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "analysis.static_charts", "workbook",
-               "workbook.chapter", "campaign_cli", "analysis.history_plot",
+               "workbook.chapter", "campaign_cli", "analysis.history_plot", "cli_common", "cli_builds", "cli_deploy",
                "workbook.analysis", "workbook.report", "workbook.capacity",
                "hardware.calibrate"}  # its main() is the command line run on the GPU host: it prints its table
 MAX_LINES = 450

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from qwen3lab import schedule
+from qwen3lab import timer as schedule
 from qwen3lab.errors import SpecError
 from qwen3lab.kuberay import CONFIG_DIR, DATA_DIR
 

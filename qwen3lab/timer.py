@@ -1,7 +1,7 @@
 """`qwen3lab schedule`: the sweep of an experiment on a timer, as a systemd service + timer, a crontab line, or a
 Kubernetes CronJob beside `qwen3lab k8s`'s RayCluster.
 
-Every target runs the same guarded command (`python -m qwen3lab.schedule --lock L --log F -- qwen3lab sweep ...`,
+Every target runs the same guarded command (`python -m qwen3lab.timer --lock L --log F -- qwen3lab sweep ...`,
 this module's `main`): it takes an exclusive lock beside the database, so two scheduled sweeps never write one
 DuckDB at once (a run that finds the lock held logs that it skipped and leaves), and appends the sweep's output
 with a start and an end line to a log file. The sweep itself resumes: trials already stored are not run again.
@@ -118,7 +118,7 @@ class Job:
                 "--runs-dir", str(self.db.parent / "runs"), *(f"--only={c}" for c in self.only)]
 
     def argv(self) -> list[str]:
-        return [self.python, "-m", "qwen3lab.schedule", "--lock", str(self.lock), "--log", str(self.log), "--",
+        return [self.python, "-m", "qwen3lab.timer", "--lock", str(self.lock), "--log", str(self.log), "--",
                 *self.sweep_argv()]
 
     def shell(self) -> str:
@@ -174,7 +174,7 @@ def cronjob(experiment: str | Path, when: When, namespace: str | None = None,
     if namespace:
         meta["namespace"] = namespace
     db = f"{DATA_DIR}/qwen3lab.duckdb"
-    guarded = ["python", "-m", "qwen3lab.schedule", "--lock", f"{db}.schedule.lock", "--log",
+    guarded = ["python", "-m", "qwen3lab.timer", "--lock", f"{db}.schedule.lock", "--log",
                f"{DATA_DIR}/schedule.log", "--", "qwen3lab", "sweep", f"{CONFIG_DIR}/experiment.yaml",
                "--executor", "ray", "--address", "auto", "--db", db, "--runs-dir", f"{DATA_DIR}/runs"]
     # generateName: each firing creates a RayJob of its own (`kubectl create`, not apply)
@@ -222,14 +222,14 @@ def render(target: str, experiment: str | Path, every: str, at: str | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The guarded run: `python -m qwen3lab.schedule --lock L --log F -- COMMAND...`."""
+    """The guarded run: `python -m qwen3lab.timer --lock L --log F -- COMMAND...`."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         split = args.index("--")
         opts, command = dict(zip(args[:split:2], args[1:split:2])), args[split + 1:]
         lock, log = Path(opts["--lock"]), Path(opts["--log"])
     except (ValueError, KeyError):
-        print("usage: python -m qwen3lab.schedule --lock FILE --log FILE -- COMMAND...", file=sys.stderr)
+        print("usage: python -m qwen3lab.timer --lock FILE --log FILE -- COMMAND...", file=sys.stderr)
         return 2
     log.parent.mkdir(parents=True, exist_ok=True)
     lock.parent.mkdir(parents=True, exist_ok=True)
