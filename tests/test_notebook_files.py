@@ -59,8 +59,19 @@ def test_experiments_cover_the_whole_workbook(path):
         return  # a search-only experiment (qwen3lab search) is not a workbook
     if exp.workload.get("capacity") is not None:
         return  # nor is a capacity experiment (qwen3lab capacity), whose every trial asks for its capacity
+    if path.stem in NOT_WORKBOOKS:
+        return
     chapters = set(exp.all_chapters())
     assert {c for c in workbook.NOTEBOOKS.values() if c} <= chapters
+
+
+# Experiment files that are not a workbook, each with why (an entry whose file is gone fails below).
+NOT_WORKBOOKS = {"cpu-tiny-nightly": "the scheduled history's one trial, launched three times a campaign "
+                                     "(docs/history.md)"}
+
+
+def test_every_not_workbook_entry_names_an_experiment_file():
+    assert set(NOT_WORKBOOKS) <= {p.stem for p in EXPERIMENTS}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
