@@ -353,7 +353,7 @@ def show(run_id: str, db: str = DB):
 
 
 @app.command()
-def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment, chapter, capacity, search or range.")):
+def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment, chapter, capacity, search, range or source.")):
     """Every field of an experiment file, with its description."""
     from qwen3lab import terminal
 

@@ -132,6 +132,10 @@ def fit_mix(mix: list[RequestClass], max_model_len: int, template_tokens: int = 
 def build_requests(workload: Workload, tokenizer: PromptTokenizer, max_model_len: int | None,
                    template_tokens: int = 0, count: int | None = None) -> list[Request]:
     """The exact requests of a trial, warmup first. `template_tokens` is what a chat template adds."""
+    if workload.source is not None:  # the user's own traffic file (qwen3lab/traffic)
+        from qwen3lab.traffic.build import build
+
+        return build(workload, tokenizer, max_model_len, template_tokens)
     mix = resolve_mix(workload)
     if max_model_len and workload.fit_to_context:
         mix = fit_mix(mix, max_model_len, template_tokens)
@@ -183,4 +187,6 @@ def requests_digest(requests: list[Request]) -> str:
     h = hashlib.sha256()
     for r in requests:
         h.update(json.dumps([r.request_class, r.prompt_tokens, r.output_tokens, r.prompt]).encode())
+        if getattr(r, "source_digest", None):  # a traffic file: its content, schedule and sessions too
+            h.update(json.dumps([r.source_digest, r.at, r.session, r.turn, r.think_s, r.messages]).encode())
     return h.hexdigest()[:16]
