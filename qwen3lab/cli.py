@@ -364,6 +364,29 @@ def schema(section: str = typer.Argument("engine", help="engine, endpoint, workl
 
 
 @app.command()
+def traffic(
+    file: str = typer.Argument(help="A traffic file (mooncake, azure, burstgpt, sharegpt, openai-chat, prompts, conversations)."),
+    format: str = typer.Option("auto", "--format", help="The file's format; auto reads it from the file."),
+    tokenizer: str = typer.Option("builtin:qwen3-tiny", help="Tokenizer that counts the tokens of text files."),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    export_shape: Path | None = typer.Option(None, "--export-shape", help="Write lengths, times, hash ids and "
+                                             "sessions, no text, to this JSONL file (readable as a source)."),
+):
+    """What a traffic file holds: requests, duration, rate over time, lengths, prefix reuse, turns per session."""
+    from qwen3lab import terminal
+    from qwen3lab.traffic import shape
+
+    try:
+        traffic, tok = shape.open_file(file, format, tokenizer)
+        if export_shape:
+            err.print(f"wrote {shape.export_shape(traffic, export_shape, tok)} requests' shape to {export_shape}")
+        summary = shape.summary(traffic, tok)
+    except (Qwen3LabError, ValueError) as exc:
+        _fail(exc)
+    _print(summary, as_json, lambda: terminal.traffic_table(summary))
+
+
+@app.command()
 def dashboard(
     db: str = DB,
     port: int = typer.Option(8501, "--port", help="Port of the dashboard."),
