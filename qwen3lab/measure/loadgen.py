@@ -481,7 +481,7 @@ async def run_load(
             if offsets is not None:
                 # Soak runs cycle the mix; their arrival times keep the same average gap.
                 lap, pos = divmod(i, len(measured))
-                target = offsets[pos] + lap * (offsets[-1] + 1.0 / workload.request_rate)
+                target = offsets[pos] + (lap * (offsets[-1] + 1.0 / workload.request_rate) if lap else 0.0)
                 delay = target - (time.perf_counter() - t0)
                 if delay > 0:
                     await asyncio.sleep(delay)
