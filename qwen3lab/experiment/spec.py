@@ -407,8 +407,9 @@ class RequestClass(Strict):
 class Capacity(Strict):
     """Ask for the largest load one configuration serves within its SLOs (one server for every load point)."""
 
-    axis: Literal["request_rate", "concurrency"] = Field(
-        "request_rate", description="What is raised: open-loop requests per second, or requests in flight.")
+    axis: Literal["request_rate", "concurrency", "time_scale"] = Field(
+        "request_rate", description="What is raised: open-loop requests per second, requests in flight, or the "
+        "replay speed of a timestamped workload.source (its trace replayed in turn until the arrivals end).")
     min_attainment: float = Field(
         0.95, gt=0, le=1, description="Share of requests (failures count as misses) that must meet every SLO.")
     criterion: Literal["attainment", "percentiles"] = Field(
@@ -503,6 +504,8 @@ class Workload(Strict):
     def _checks(self):
         if self.enable_thinking is not None and self.api != "chat":
             raise ValueError("enable_thinking works through the chat template: set api: chat")
+        if self.capacity and self.capacity.axis == "time_scale" and (self.source is None or not self.source.replay):
+            raise ValueError("capacity.axis time_scale replays a timestamped workload.source: set source")
         if self.concurrency is None and self.request_rate is None and self.source is None:
             raise ValueError("set concurrency, request_rate, or both (else every request is sent at once)")
         return self

@@ -464,6 +464,7 @@ async def run_load(
             _raise_first(await asyncio.gather(*warm_tasks, return_exceptions=True))
         measured = requests[n_warm:]
         offsets = schedule.offsets(workload, measured)
+        lap_s = None if offsets is None else schedule.lap_s(workload, offsets)
         deadline = workload.duration_s
         # As vLLM's own client does: what exists now (imports, prompts, the tokenizer) moves out of the collector's
         # reach, so that no full collection walks it (tens of ms, a stalled read) while streams are timed.
@@ -481,7 +482,7 @@ async def run_load(
             if offsets is not None:
                 # Soak runs cycle the mix; their arrival times keep the same average gap.
                 lap, pos = divmod(i, len(measured))
-                target = offsets[pos] + (lap * (offsets[-1] + 1.0 / workload.request_rate) if lap else 0.0)
+                target = offsets[pos] + lap * lap_s
                 delay = target - (time.perf_counter() - t0)
                 if delay > 0:
                     await asyncio.sleep(delay)

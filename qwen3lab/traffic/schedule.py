@@ -31,3 +31,11 @@ def session_starts(workload, sessions: list[list]) -> np.ndarray | None:
     gaps = np.random.default_rng(workload.seed + 1).exponential(1.0 / rate, size=len(sessions))
     gaps[0] = 0.0
     return np.cumsum(gaps)
+
+
+def lap_s(workload, offsets: np.ndarray) -> float:
+    """A soak's or capacity point's next lap of the same requests starts this long after the previous one: one
+    mean gap after its last send (1 / request_rate for a mix)."""
+    if workload.request_rate:
+        return float(offsets[-1]) + 1.0 / workload.request_rate
+    return float(offsets[-1]) + (float(offsets[-1]) / (len(offsets) - 1) if len(offsets) > 1 else 1.0)
