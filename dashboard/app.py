@@ -29,6 +29,7 @@ pages = [
     st.Page(HERE / "views/capacity.py", title="Capacity", icon=":material/speed:", url_path="capacity",
             default=capacity_first),
     st.Page(HERE / "views/drift.py", title="Drift", icon=":material/timeline:", url_path="drift"),
+    st.Page(HERE / "views/workload.py", title="Workload", icon=":material/bar_chart:", url_path="workload"),
     st.Page(HERE / "views/file.py", title="File", url_path="file", visibility="hidden"),
 ]
 page = st.navigation(pages, position="top")

@@ -329,3 +329,18 @@ def test_the_committed_results_open_on_the_answer(app, tmp_path, monkeypatch):
     at.switch_page("views/compare.py")
     at.run()
     assert "cannot be set against each other" in at.error[0].value and "load: request_rate" in at.error[0].value
+
+
+def test_workload_page_shows_what_the_runs_sent(app, db):
+    """Prompt and output histograms hold every measured request of each picked run; arrivals and sessions beside."""
+    import plotly.io
+
+    ids = cpu_tiny_runs(db)[:2]
+    at = app("views/workload.py", run_ids=ids, experiment="cpu-tiny")
+    fig = plotly.io.from_json(at.get("plotly_chart")[0].proto.spec)
+    reqs = Store(db).requests(ids)
+    prompts = [t for t in fig.data if t.type == "histogram" and t.xaxis == "x"]
+    assert len(prompts) == len(ids) and sum(len(t.x) for t in prompts) == len(reqs)
+    assert sorted(x for t in prompts for x in t.x) == sorted(reqs.prompt_tokens)
+    arrivals = [t for t in fig.data if t.type == "scatter"]
+    assert sum(sum(t.y) for t in arrivals) == reqs.sent_at.notna().sum()
