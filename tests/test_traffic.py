@@ -189,7 +189,7 @@ def test_traffic_command_summarises_and_exports_a_shape_without_text(tmp_path):
 def test_capacity_on_time_scale_replays_the_trace_faster_open_loop():
     from qwen3lab.experiment.spec import Capacity
     from qwen3lab.measure import capacity, loadpoint
-    from qwen3lab.traffic import schedule
+    from qwen3lab.traffic import replay
 
     spec = Capacity(axis="time_scale", start=2, min_arrival_s=30)
     w = _w({"path": TRACES + "azure_llm_conv_2023_2000.csv", "limit": 50}, capacity=spec)
@@ -197,8 +197,8 @@ def test_capacity_on_time_scale_replays_the_trace_faster_open_loop():
     point = loadpoint.point_workload(w, spec, 8.0, 0, False, 30.0)
     assert point.source.time_scale == 8.0 and point.concurrency is None and point.request_rate is None
     assert point.duration_s == 30.0 and point.source.path == w.source.path
-    offsets = schedule.offsets(point, wl.build_requests(point, wl.load_tokenizer(
+    offsets = replay.offsets(point, wl.build_requests(point, wl.load_tokenizer(
         "qwen3lab/assets/models/qwen3-tiny"), None))
-    assert schedule.lap_s(point, offsets) == pytest.approx(offsets[-1] * 50 / 49)
+    assert replay.lap_s(point, offsets) == pytest.approx(offsets[-1] * 50 / 49)
     with pytest.raises(ValueError, match="time_scale replays a timestamped workload.source"):
         Workload(concurrency=4, capacity=spec)

@@ -26,7 +26,7 @@ import urllib.parse
 from qwen3lab.analysis import metrics
 from qwen3lab.experiment.spec import Workload
 from qwen3lab.measure.workload import Request
-from qwen3lab.traffic import schedule
+from qwen3lab.traffic import replay
 
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')  # tested one by one: no generator per token
 _ROUTE = b"x-qwen3lab-route:"  # qwen3lab.measure.router.ROUTE_HEADER, as the header line starts
@@ -400,7 +400,7 @@ async def run_load(
     should_stop: Callable[[], bool] | None = None,
 ) -> LoadResult:
     """Send `requests` (warmup first) and return every record. `on_done` sees each finished record."""
-    if schedule.is_sessions(requests):  # a traffic file's conversations: turns wait for the previous one
+    if replay.is_sessions(requests):  # a traffic file's conversations: turns wait for the previous one
         from qwen3lab.traffic.conversations import run_sessions
 
         return await run_sessions(base_url, model, requests, workload, on_done, headers, should_stop)
@@ -463,8 +463,8 @@ async def run_load(
             flights += [(task, rec, t0) for task, rec in zip(warm_tasks, warm)]
             _raise_first(await asyncio.gather(*warm_tasks, return_exceptions=True))
         measured = requests[n_warm:]
-        offsets = schedule.offsets(workload, measured)
-        lap_s = None if offsets is None else schedule.lap_s(workload, offsets)
+        offsets = replay.offsets(workload, measured)
+        lap_s = None if offsets is None else replay.lap_s(workload, offsets)
         deadline = workload.duration_s
         # As vLLM's own client does: what exists now (imports, prompts, the tokenizer) moves out of the collector's
         # reach, so that no full collection walks it (tens of ms, a stalled read) while streams are timed.

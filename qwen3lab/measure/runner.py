@@ -32,7 +32,7 @@ from qwen3lab.sink import RunSink
 from qwen3lab.store import HEARTBEAT_S, Owner, finish_fields, new_run_id, request_row
 from qwen3lab.store import now as store_now
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
-from qwen3lab.traffic import schedule
+from qwen3lab.traffic import replay
 
 # Progress is shown every second; requests reach the sink during a load only every sink.flush_every_s (see
 # _Flusher).
@@ -316,8 +316,8 @@ def measure(server: engine.Server, trial: Trial, store: RunSink, begun: Begun,
     refused.append(_try_store(store.add_samples, run_id, samples))
     extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
     measured = [r for r in result.records if not r.warmup]
-    planned = None if trial.workload.duration_s or schedule.is_sessions(requests) else \
-        schedule.offsets(trial.workload, requests[len(requests) - len(measured):])
+    planned = None if trial.workload.duration_s or replay.is_sessions(requests) else \
+        replay.offsets(trial.workload, requests[len(requests) - len(measured):])
     check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
                             client_cpu_s, [r.sent_at for r in measured], planned,
                             ramp=trial.workload.concurrency or 0)

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 
 from qwen3lab.measure import loadgen
-from qwen3lab.traffic.schedule import session_starts
+from qwen3lab.traffic.replay import session_starts
 
 
 def reply_text(payloads: list[bytes]) -> str:
