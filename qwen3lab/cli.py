@@ -373,8 +373,7 @@ def traffic(
                                              "sessions, no text, to this JSONL file (readable as a source)."),
 ):
     """What a traffic file holds: requests, duration, rate over time, lengths, prefix reuse, turns per session."""
-    from qwen3lab import terminal
-    from qwen3lab.traffic import shape
+    from qwen3lab.traffic import shape, show
 
     try:
         traffic, tok = shape.open_file(file, format, tokenizer)
@@ -383,7 +382,7 @@ def traffic(
         summary = shape.summary(traffic, tok)
     except (Qwen3LabError, ValueError) as exc:
         _fail(exc)
-    _print(summary, as_json, lambda: terminal.traffic_table(summary))
+    _print(summary, as_json, lambda: show.traffic_table(summary))
 
 
 @app.command()

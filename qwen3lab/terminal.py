@@ -219,12 +219,10 @@ def _short(text: str, width: int = 64) -> str:
 
 def schema_table(section: str) -> Table:
     from qwen3lab.experiment.files import Chapter, Experiment
-    from qwen3lab.experiment.spec import SLO, Capacity, EndpointConfig, EngineConfig, Range, Search, Workload
-    from qwen3lab.traffic.spec import Source
+    from qwen3lab.experiment.spec import SLO, Capacity, EndpointConfig, EngineConfig, Range, Search, Source, Workload
 
     models = {"engine": EngineConfig, "endpoint": EndpointConfig, "workload": Workload, "slo": SLO,
-              "experiment": Experiment, "chapter": Chapter, "capacity": Capacity, "search": Search, "range": Range,
-              "source": Source}
+              "experiment": Experiment, "chapter": Chapter, "capacity": Capacity, "search": Search, "range": Range, "source": Source}
     if section not in models:
         raise SpecError("section", section, ", ".join(models), "pick one of those")
     model = models[section]
@@ -234,25 +232,6 @@ def schema_table(section: str) -> Table:
     for name, f in model.model_fields.items():
         default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
         t.add_row(name, str(f.annotation).replace("typing.", ""), default, f.description or "")
-    return t
-
-
-def traffic_table(summary: dict) -> Table:
-    """`qwen3lab traffic`: one row per figure of a traffic file."""
-    t = Table(title=f"{summary['path']} ({summary['format']}, digest {summary['digest']})")
-    t.add_column("what")
-    t.add_column("value", overflow="fold")
-    rate = summary.get("rate") or {}
-    rows = [("requests", summary["requests"]), ("rows skipped (0 tokens)", summary["skipped_rows"]),
-            ("duration s", summary["duration_s"]), ("mean rate /s", rate.get("mean_per_s")),
-            ("rate /s over time", " ".join(f"{x:.2g}" for x in rate.get("per_s", [])) or None)]
-    for key in ("prompt_tokens", "output_tokens", "turns_per_session"):
-        if p := summary.get(key):
-            rows.append((key, ", ".join(f"{k} {v:.4g}" for k, v in p.items())))
-    rows += [("sessions", summary.get("sessions")), ("prefix reuse", summary.get("prefix_reuse"))]
-    for what, value in rows:
-        if value is not None:
-            t.add_row(what, str(value))
     return t
 
 

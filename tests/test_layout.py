@@ -8,23 +8,24 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "qwen3lab"
 # Lower layers never import higher ones (README, Layout). Within a layer any import is fine, cycles are not.
 LAYERS = [
-    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink"],
+    ["errors", "models", "traffic.spec", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink"],
     ["experiment.files", "analysis.metrics", "analysis.selection", "analysis.comparable", "analysis.stats",
-     "measure.workload", "measure.telemetry", "measure.engine", "measure.attention", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
+     "measure.workload", "measure.telemetry", "measure.engine", "measure.attention", "hardware.memory", "hardware.roofline", "measure.prompt_tokens",
+     "traffic.sources", "traffic.build", "traffic.replay", "traffic.shape"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
      "analysis.drift", "measure.router"],
     ["measure.events", "measure.loadgen", "measure.topology", "measure.provenance", "measure.runner",
      "measure.schedule", "measure.executor", "measure.ray_worker", "measure.ray_executor", "measure.loadpoint",
-     "measure.capacity", "measure.suggestions", "measure.search", "measure.soak"],
+     "measure.capacity", "measure.suggestions", "measure.search", "measure.soak", "traffic.conversations"],
     ["analysis.export", "analysis.deploy", "analysis.importers", "analysis.plots", "analysis.wording",
-     "analysis.efficiency"],
+     "analysis.efficiency", "traffic.figures"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
-     "dashboard_launch", "cli", "__main__", "kuberay"],
+     "dashboard_launch", "cli", "__main__", "kuberay", "traffic.show"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
 MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "workbook", "workbook.chapter",
-               "workbook.analysis", "workbook.report", "workbook.capacity",
+               "workbook.analysis", "workbook.report", "workbook.capacity", "traffic.figures", "traffic.show",
                "hardware.calibrate"}  # its main() is the command line run on the GPU host: it prints its table
 MAX_LINES = 450
 # Known exceptions, each with its reason; an entry that no longer applies fails its test, so none goes stale.

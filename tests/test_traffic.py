@@ -12,7 +12,7 @@ from qwen3lab.errors import SpecError
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import EngineConfig, Trial, Workload
 from qwen3lab.measure import workload as wl
-from qwen3lab.traffic import shape, sources
+from qwen3lab.traffic import build as tb, shape, sources
 from qwen3lab.traffic.spec import Source
 
 TRACES = "experiments/traces/"
@@ -85,28 +85,28 @@ def test_a_missing_file_and_an_empty_window_are_refused():
     with pytest.raises(SpecError, match="an existing traffic file"):
         sources.load(Source(path="no/such/file.jsonl"))
     with pytest.raises(SpecError, match="lower start"):
-        wl.build_requests(_w({"path": TRACES + "azure_llm_conv_2023_2000.csv", "start": 1e6}), None, None)
+        tb.requests(_w({"path": TRACES + "azure_llm_conv_2023_2000.csv", "start": 1e6}), None, None)
 
 
 def test_window_start_limit_and_sample(tok):
     src = {"path": TRACES + "azure_llm_conv_2023_2000.csv", "start": 60, "limit": 10}
-    reqs = wl.build_requests(_w(src, fit_to_context="scale"), tok, 2048)
+    reqs = tb.requests(_w(src, fit_to_context="scale"), tok, 2048)
     entries = [e for e in sources.load(Source(path=src["path"])).entries if e.at >= 60][:10]
     assert len(reqs) == 10 and reqs[0].at == 0.0
     assert [r.at for r in reqs] == pytest.approx([e.at - entries[0].at for e in entries])
-    half = wl.build_requests(_w({**src, "limit": None, "sample": 0.5}, fit_to_context="scale"), tok, 2048)
+    half = tb.requests(_w({**src, "limit": None, "sample": 0.5}, fit_to_context="scale"), tok, 2048)
     n_window = sum(e.at >= 60 for e in sources.load(Source(path=src["path"])).entries)
     assert 0.4 * n_window < len(half) < 0.6 * n_window
-    fast = wl.build_requests(_w({**src, "time_scale": 2.0}, fit_to_context="scale"), tok, 2048)
+    fast = tb.requests(_w({**src, "time_scale": 2.0}, fit_to_context="scale"), tok, 2048)
     assert [r.at for r in fast] == pytest.approx([r.at / 2 for r in reqs])
 
 
 def test_lengths_that_do_not_fit_are_refused_or_scaled_by_one_factor(tok):
     src = {"path": TRACES + "mooncake_conversation_1000.jsonl", "limit": 30}
     with pytest.raises(SpecError) as err:
-        wl.build_requests(_w(src), tok, 2048)
+        tb.requests(_w(src), tok, 2048)
     assert "longer than max_model_len 2048" in str(err.value) and "fit_to_context: scale" in str(err.value)
-    reqs = wl.build_requests(_w(src, fit_to_context="scale"), tok, 2048)
+    reqs = tb.requests(_w(src, fit_to_context="scale"), tok, 2048)
     entries = sources.load(Source(path=src["path"])).entries[:30]
     scale = reqs[0].scale
     assert 0 < scale < 1 and all(r.scale == scale for r in reqs)
@@ -115,7 +115,7 @@ def test_lengths_that_do_not_fit_are_refused_or_scaled_by_one_factor(tok):
     wl.verify_lengths(reqs, tok)
     text = {"path": TRACES + "prompts.jsonl"}
     with pytest.raises(SpecError, match="shorten the texts"):
-        wl.build_requests(_w(text, fit_to_context="scale"), tok, 8)
+        tb.requests(_w(text, fit_to_context="scale"), tok, 8)
 
 
 def test_shared_hash_ids_share_their_blocks_tokens_exactly(tmp_path, tok):
@@ -124,7 +124,7 @@ def test_shared_hash_ids_share_their_blocks_tokens_exactly(tmp_path, tok):
             {"timestamp": 5, "input_length": 20, "output_length": 2, "hash_ids": [1, 2, 4]},
             {"timestamp": 9, "input_length": 20, "output_length": 2, "hash_ids": [5, 6, 7]}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    a, b, c = wl.build_requests(_w({"path": str(path), "block_tokens": 8}), tok, 2048)
+    a, b, c = tb.requests(_w({"path": str(path), "block_tokens": 8}), tok, 2048)
     ids = [tok._tok.encode(r.prompt, add_special_tokens=False).ids for r in (a, b, c)]
     assert ids[0][:16] == ids[1][:16] and ids[0][16:] != ids[1][16:] and ids[0][:8] != ids[2][:8]
     assert [len(x) for x in ids] == [20, 20, 20] and [r.at for r in (a, b, c)] == pytest.approx([0, 0.005, 0.009])  # ms
@@ -132,16 +132,16 @@ def test_shared_hash_ids_share_their_blocks_tokens_exactly(tmp_path, tok):
 
 def test_same_file_and_seed_same_bytes_and_the_file_is_in_the_digest(tmp_path, tok):
     src = {"path": TRACES + "burstgpt_format_handmade.csv"}
-    one = wl.requests_digest(wl.build_requests(_w(src), tok, 4096))
-    assert one == wl.requests_digest(wl.build_requests(_w(src), tok, 4096))
-    assert one != wl.requests_digest(wl.build_requests(_w(src, seed=1), tok, 4096))
+    one = wl.requests_digest(tb.requests(_w(src), tok, 4096))
+    assert one == wl.requests_digest(tb.requests(_w(src), tok, 4096))
+    assert one != wl.requests_digest(tb.requests(_w(src, seed=1), tok, 4096))
     copy = tmp_path / "b.csv"
     copy.write_text(open(TRACES + "burstgpt_format_handmade.csv").read().replace("95,120", "95,121"))
-    assert one != wl.requests_digest(wl.build_requests(_w({"path": str(copy)}), tok, 4096))
+    assert one != wl.requests_digest(tb.requests(_w({"path": str(copy)}), tok, 4096))
 
 
 def test_multi_turn_requests_carry_the_recorded_history(tok):
-    reqs = wl.build_requests(_w({"path": TRACES + "sharegpt_multiturn.json", "think_time_s": 0.5},
+    reqs = tb.requests(_w({"path": TRACES + "sharegpt_multiturn.json", "think_time_s": 0.5},
                                 api="chat"), tok, 2048)
     trip = [r for r in reqs if r.session == "trip"]
     assert [r.turn for r in trip] == [0, 1, 2] and [r.think_s for r in trip] == [0, 0.5, 0.5]
@@ -197,7 +197,7 @@ def test_capacity_on_time_scale_replays_the_trace_faster_open_loop():
     point = loadpoint.point_workload(w, spec, 8.0, 0, False, 30.0)
     assert point.source.time_scale == 8.0 and point.concurrency is None and point.request_rate is None
     assert point.duration_s == 30.0 and point.source.path == w.source.path
-    offsets = replay.offsets(point, wl.build_requests(point, wl.load_tokenizer(
+    offsets = replay.offsets(point, tb.requests(point, wl.load_tokenizer(
         "qwen3lab/assets/models/qwen3-tiny"), None))
     assert replay.lap_s(point, offsets) == pytest.approx(offsets[-1] * 50 / 49)
     with pytest.raises(ValueError, match="time_scale replays a timestamped workload.source"):

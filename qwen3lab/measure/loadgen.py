@@ -400,10 +400,6 @@ async def run_load(
     should_stop: Callable[[], bool] | None = None,
 ) -> LoadResult:
     """Send `requests` (warmup first) and return every record. `on_done` sees each finished record."""
-    if replay.is_sessions(requests):  # a traffic file's conversations: turns wait for the previous one
-        from qwen3lab.traffic.conversations import run_sessions
-
-        return await run_sessions(base_url, model, requests, workload, on_done, headers, should_stop)
     api = workload.api
     url = base_url.rstrip("/") + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
     n_warm = min(workload.warmup_requests, len(requests))

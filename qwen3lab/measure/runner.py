@@ -32,7 +32,8 @@ from qwen3lab.sink import RunSink
 from qwen3lab.store import HEARTBEAT_S, Owner, finish_fields, new_run_id, request_row
 from qwen3lab.store import now as store_now
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
-from qwen3lab.traffic import replay
+from qwen3lab.traffic import build as traffic_build, replay
+from qwen3lab.traffic.conversations import run_sessions
 
 # Progress is shown every second; requests reach the sink during a load only every sink.flush_every_s (see
 # _Flusher).
@@ -174,8 +175,9 @@ async def _measure(server: engine.Server, requests, trial: Trial, on_done,
     # stop_when sees the /metrics samples so far: a capacity point ends once its verdict is decided
     should_stop = (lambda: not server.alive()) if stop_when is None else \
         (lambda: not server.alive() or stop_when(samples()))
-    return await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
-                          headers=server.headers, should_stop=should_stop)
+    load = run_sessions if replay.is_sessions(requests) else run_load  # a traffic file's conversations
+    return await load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
+                      headers=server.headers, should_stop=should_stop)
 
 
 @dataclass
@@ -277,7 +279,7 @@ def measure(server: engine.Server, trial: Trial, store: RunSink, begun: Begun,
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
             template = _chat_template_tokens(server, trial)
-            requests = wl.build_requests(trial.workload, tokenizer, max_len, template)
+            requests = traffic_build.requests(trial.workload, tokenizer, max_len, template)
             wl.verify_lengths(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             if trial.workload.gpu_sample_interval_s:

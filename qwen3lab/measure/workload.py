@@ -132,10 +132,6 @@ def fit_mix(mix: list[RequestClass], max_model_len: int, template_tokens: int = 
 def build_requests(workload: Workload, tokenizer: PromptTokenizer, max_model_len: int | None,
                    template_tokens: int = 0, count: int | None = None) -> list[Request]:
     """The exact requests of a trial, warmup first. `template_tokens` is what a chat template adds."""
-    if workload.source is not None:  # the user's own traffic file (qwen3lab/traffic)
-        from qwen3lab.traffic.build import build
-
-        return build(workload, tokenizer, max_model_len, template_tokens)
     mix = resolve_mix(workload)
     if max_model_len and workload.fit_to_context:
         mix = fit_mix(mix, max_model_len, template_tokens)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qwen3lab.errors import SpecError
+from qwen3lab.measure import workload as wl
 from qwen3lab.measure.workload import PromptTokenizer, Request
 from qwen3lab.traffic import sources
 from qwen3lab.traffic.sources import Entry, Traffic
@@ -90,6 +91,14 @@ def scale_factor(units: list[list[Entry]], room: int) -> float:
     return min(1.0, room / longest) if longest else 1.0
 
 
+def requests(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
+             template_tokens: int = 0) -> list[Request]:
+    """The exact requests of a trial: its traffic file's (build), else its mix's (measure.workload)."""
+    if workload.source is None:
+        return wl.build_requests(workload, tokenizer, max_model_len, template_tokens)
+    return build(workload, tokenizer, max_model_len, template_tokens)
+
+
 def build(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
           template_tokens: int = 0) -> list[TraceRequest]:
     """The window's requests (multi-turn: every turn, history included), refused with a clear error when one
@@ -163,7 +172,6 @@ def _shift(r: TraceRequest, first: float) -> TraceRequest:
 def check(trial) -> list[SpecError]:
     """Pre-flight: the file reads, its window is not empty and its requests fit the served context, before any
     server starts. Text is counted with the model's tokenizer when it is at hand (else only read)."""
-    from qwen3lab.measure import workload as wl
     from qwen3lab.models import model_info
 
     workload, cfg = trial.workload, trial.engine
