@@ -202,3 +202,11 @@ def test_capacity_on_time_scale_replays_the_trace_faster_open_loop():
     assert replay.lap_s(point, offsets) == pytest.approx(offsets[-1] * 50 / 49)
     with pytest.raises(ValueError, match="time_scale replays a timestamped workload.source"):
         Workload(concurrency=4, capacity=spec)
+
+
+def test_a_request_starting_with_a_hash_id_sent_before_is_marked_shared(tmp_path, tok):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 16, "output_length": 2, "hash_ids": h}) + "\n"
+                            for t, h in ((0, [1, 2]), (1, [1, 3]), (2, [4, 5]), (3, [4, 6]))))
+    reqs = tb.requests(_w({"path": str(path), "block_tokens": 8}), tok, 2048)
+    assert [r.shared_prefix for r in reqs] == [False, True, False, True]

@@ -118,6 +118,7 @@ def build(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
     block = max(1, math.floor(src.block_tokens * scale))
     out: list[TraceRequest] = []
     too_long: list[tuple[int, int]] = []
+    seen: set[int] = set()  # hash ids sent before: a request starting with one shares its first block
     for unit in units:
         history: list[dict] = [{"role": "system", "content": unit[0].system}] if unit[0].system else []
         for e in unit:
@@ -145,11 +146,12 @@ def build(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
             prompt = "".join(m["content"] for m in messages) if workload.api != "chat" else user
             at = None if e.at is None or not src.replay else e.at / src.time_scale
             out.append(TraceRequest(
-                i, traffic.format, prompt, n_prompt, n_out, bool(e.hash_ids), at=at, session=e.session,
+                i, traffic.format, prompt, n_prompt, n_out, bool(e.hash_ids and e.hash_ids[0] in seen), at=at, session=e.session,
                 turn=e.turn if traffic.multi_turn else None, user=user, reply=reply,
                 think_s=(src.think_time_s if src.think_time_s is not None else e.delay_s or 0.0) if e.turn else 0.0,
                 messages=tuple(messages), source_digest=traffic.digest, scale=scale))
             history = messages + [{"role": "assistant", "content": reply or ""}]
+            seen.update(e.hash_ids or ())
     if too_long:
         worst = max(too_long, key=sum)
         hint = ("set workload.fit_to_context: scale (every length scaled by one factor, stored with the run)"
