@@ -280,7 +280,7 @@ def measure(server: engine.Server, trial: Trial, store: RunSink, begun: Begun,
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
             template = _chat_template_tokens(server, trial)
             requests = traffic_build.requests(trial.workload, tokenizer, max_len, template)
-            wl.verify_lengths(requests, tokenizer, template)
+            traffic_build.verify(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             if trial.workload.gpu_sample_interval_s:
                 sampler.start()

@@ -99,6 +99,12 @@ def requests(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
     return build(workload, tokenizer, max_model_len, template_tokens)
 
 
+def verify(requests: list[Request], tokenizer: PromptTokenizer, template_tokens: int = 0) -> None:
+    """measure.workload.verify_lengths on the requests whose prompt is one user text; a history (or a system
+    message) is counted by rendering the chat template (PromptCounter), which the tests check against vLLM."""
+    wl.verify_lengths([r for r in requests if len(getattr(r, "messages", ())) <= 1], tokenizer, template_tokens)
+
+
 def build(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
           template_tokens: int = 0) -> list[TraceRequest]:
     """The window's requests (multi-turn: every turn, history included), refused with a clear error when one
