@@ -100,9 +100,10 @@ def requests(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
 
 
 def verify(requests: list[Request], tokenizer: PromptTokenizer, template_tokens: int = 0) -> None:
-    """measure.workload.verify_lengths on the requests whose prompt is one user text; a history (or a system
-    message) is counted by rendering the chat template (PromptCounter), which the tests check against vLLM."""
-    wl.verify_lengths([r for r in requests if len(getattr(r, "messages", ())) <= 1], tokenizer, template_tokens)
+    """measure.workload.verify_lengths on the requests whose prompt is one user text; a session's turns and a
+    system message are counted by rendering the chat template (PromptCounter), which the tests check against vLLM."""
+    alone = [r for r in requests if len(getattr(r, "messages", ())) <= 1 and getattr(r, "session", None) is None]
+    wl.verify_lengths(alone, tokenizer, template_tokens)
 
 
 def build(workload, tokenizer: PromptTokenizer, max_model_len: int | None,
