@@ -32,6 +32,7 @@ with ui.one_open_file():
                 default=capacity_first),
         st.Page(HERE / "views/drift.py", title="Drift", icon=":material/timeline:", url_path="drift"),
         st.Page(HERE / "views/history.py", title="History", icon=":material/history:", url_path="history"),
+        st.Page(HERE / "views/workload.py", title="Workload", icon=":material/bar_chart:", url_path="workload"),
         st.Page(HERE / "views/file.py", title="File", url_path="file", visibility="hidden"),
     ]
     page = st.navigation(pages, position="top")

@@ -1,6 +1,6 @@
 """The `qwen3lab` command: a thin shell over the library. Every command is a few lines calling one function.
 
-Shared options and helpers: cli_common; export, k8s, schedule: cli_deploy; builds: cli_builds; campaigns,
+Shared options and helpers: cli_common; traffic: cli_traffic; export, k8s, schedule: cli_deploy; builds: cli_builds; campaigns,
 history, regress: campaign_cli.
 """
 from __future__ import annotations
@@ -318,7 +318,7 @@ def show(run_id: str, db: str = DB):
 
 
 @app.command()
-def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment, chapter, capacity, search or range.")):
+def schema(section: str = typer.Argument("engine", help="engine, endpoint, workload, slo, experiment, chapter, capacity, search, range or source.")):
     """Every field of an experiment file, with its description."""
     from qwen3lab import terminal
 
@@ -434,9 +434,9 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON instead
         console.print(terminal.probe_table(found))
 
 
-from qwen3lab import cli_builds, cli_deploy  # noqa: E402 - command groups in their own modules
+from qwen3lab import cli_builds, cli_deploy, cli_traffic  # noqa: E402 - command groups in their own modules
 
-app.registered_commands += cli_deploy.app.registered_commands
+app.registered_commands += cli_traffic.app.registered_commands + cli_deploy.app.registered_commands
 
 app.add_typer(cli_builds.app, name="builds")
 

@@ -160,11 +160,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN campaign_id VARCHAR;
     ALTER TABLE capacities ADD COLUMN campaign_id VARCHAR;
     """,
+    # 12: a traffic file's conversation and turn of each request (qwen3lab.traffic.conversations)
+    """
+    ALTER TABLE requests ADD COLUMN session VARCHAR;
+    ALTER TABLE requests ADD COLUMN turn INTEGER;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 REQUEST_COLUMNS = ("run_id", "idx", "request_class", "warmup", "shared_prefix", "prompt_tokens_target",
                    "output_tokens_target", "prompt_tokens", "output_tokens", "sent_at", "ttft", "e2el",
-                   "chunk_times", "status", "error", "route")
+                   "chunk_times", "status", "error", "route", "session", "turn")
 
 
 # A `running` row's owner on this host is alive while its pid runs with the same start time; an owner on
@@ -659,7 +664,7 @@ def record_row(r: Any) -> dict[str, Any]:
         "prompt_tokens_target": r.prompt_tokens_target, "output_tokens_target": r.output_tokens_target,
         "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "sent_at": r.sent_at,
         "ttft": r.ttft, "e2el": r.e2el, "chunk_times": list(r.chunk_times), "status": r.status, "error": r.error,
-        "route": getattr(r, "route", None),
+        "route": getattr(r, "route", None), "session": getattr(r, "session", None), "turn": getattr(r, "turn", None),
     }
 
 
@@ -671,5 +676,6 @@ def _request_schema():
         ("shared_prefix", pa.bool_()), ("prompt_tokens_target", pa.int32()), ("output_tokens_target", pa.int32()),
         ("prompt_tokens", pa.int32()), ("output_tokens", pa.int32()), ("sent_at", pa.float64()),
         ("ttft", pa.float64()), ("e2el", pa.float64()), ("chunk_times", pa.list_(pa.float64())),
-        ("status", pa.int32()), ("error", pa.string()), ("route", pa.string()),
+        ("status", pa.int32()), ("error", pa.string()), ("route", pa.string()), ("session", pa.string()),
+        ("turn", pa.int32()),
     ])

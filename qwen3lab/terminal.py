@@ -219,10 +219,10 @@ def _short(text: str, width: int = 64) -> str:
 
 def schema_table(section: str) -> Table:
     from qwen3lab.experiment.files import Chapter, Experiment
-    from qwen3lab.experiment.spec import SLO, Capacity, EndpointConfig, EngineConfig, Range, Search, Workload
+    from qwen3lab.experiment.spec import SLO, Capacity, EndpointConfig, EngineConfig, Range, Search, Source, Workload
 
     models = {"engine": EngineConfig, "endpoint": EndpointConfig, "workload": Workload, "slo": SLO,
-              "experiment": Experiment, "chapter": Chapter, "capacity": Capacity, "search": Search, "range": Range}
+              "experiment": Experiment, "chapter": Chapter, "capacity": Capacity, "search": Search, "range": Range, "source": Source}
     if section not in models:
         raise SpecError("section", section, ", ".join(models), "pick one of those")
     model = models[section]

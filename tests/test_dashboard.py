@@ -350,3 +350,18 @@ def test_the_decisive_columns_come_first_with_blanks_for_missing_values(app, tmp
     assert list(ranking.columns[:4]) == ["rank", "label", "slo_pass", "why_not"]
     missing = ranking[~ranking.slo_pass]
     assert len(missing) and (missing.why_not.str.len() > 0).all() and (ranking[ranking.slo_pass].why_not == "").all()
+
+
+def test_workload_page_shows_what_the_runs_sent(app, db):
+    """Prompt and output histograms hold every measured request of each picked run; arrivals and sessions beside."""
+    import plotly.io
+
+    ids = cpu_tiny_runs(db)[:2]
+    at = app("views/workload.py", run_ids=ids, experiment="cpu-tiny")
+    fig = plotly.io.from_json(at.get("plotly_chart")[0].proto.spec)
+    reqs = Store(db).requests(ids)
+    prompts = [t for t in fig.data if t.type == "histogram" and t.xaxis == "x"]
+    assert len(prompts) == len(ids) and sum(len(t.x) for t in prompts) == len(reqs)
+    assert sorted(x for t in prompts for x in t.x) == sorted(reqs.prompt_tokens)
+    arrivals = [t for t in fig.data if t.type == "scatter"]
+    assert sum(sum(t.y) for t in arrivals) == reqs.sent_at.notna().sum()

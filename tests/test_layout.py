@@ -8,26 +8,29 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "qwen3lab"
 # Lower layers never import higher ones (README, Layout). Within a layer any import is fine, cycles are not.
 LAYERS = [
-    ["errors", "models", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink", "builds"],
+    ["errors", "models", "traffic.spec", "experiment.spec", "hardware.catalogue", "redact", "spool", "store", "sink",
+     "builds"],
     ["experiment.files", "analysis.metrics", "analysis.selection", "analysis.comparable", "analysis.stats",
-     "measure.workload", "measure.telemetry", "measure.engine", "measure.attention", "hardware.memory", "hardware.roofline", "measure.prompt_tokens"],
+     "measure.workload", "measure.telemetry", "measure.engine", "measure.attention", "hardware.memory", "hardware.roofline", "measure.prompt_tokens",
+     "traffic.sources", "traffic.build", "traffic.replay", "traffic.shape"],
     # compare reads stored rows only (metrics, selection, stats): below the executor, whose repeats: auto asks it
     ["hardware.planner", "experiment.preflight", "hardware.calibrate", "analysis.validity", "analysis.compare",
      "analysis.claims", "analysis.uncompared", "analysis.drift", "measure.router", "analysis.history",
      "analysis.regress"],
     ["measure.events", "measure.loadgen", "measure.topology", "measure.provenance", "measure.runner",
      "measure.schedule", "measure.executor", "measure.ray_worker", "measure.ray_executor", "measure.loadpoint",
-     "measure.capacity", "measure.suggestions", "measure.search", "measure.soak", "campaign"],
+     "measure.capacity", "measure.suggestions", "measure.search", "measure.soak", "campaign",
+     "traffic.conversations"],
     ["analysis.export", "analysis.deploy", "analysis.importers", "analysis.plots", "analysis.wording",
-     "analysis.efficiency", "analysis.history_plot", "analysis.static_charts"],
+     "analysis.efficiency", "analysis.history_plot", "analysis.static_charts", "traffic.figures"],
     ["workbook", "workbook.chapter", "workbook.analysis", "workbook.report", "workbook.capacity", "terminal", "sweep",
      "dashboard_launch", "cli", "__main__", "kuberay", "campaign_cli", "timer", "cli_common", "cli_builds",
-     "cli_deploy"],
+     "cli_deploy", "cli_traffic", "traffic.show"],
 ]
 PRESENTATION = {"rich", "plotly", "streamlit", "IPython", "terminal", "analysis.plots", "workbook"}
 MAY_PRESENT = {"terminal", "sweep", "cli", "__main__", "analysis.plots", "analysis.static_charts", "workbook",
-               "workbook.chapter", "campaign_cli", "analysis.history_plot", "cli_common", "cli_builds", "cli_deploy",
-               "workbook.analysis", "workbook.report", "workbook.capacity",
+               "workbook.chapter", "campaign_cli", "analysis.history_plot", "cli_common", "cli_builds", "cli_deploy", "cli_traffic",
+               "workbook.analysis", "workbook.report", "workbook.capacity", "traffic.figures", "traffic.show",
                "hardware.calibrate"}  # its main() is the command line run on the GPU host: it prints its table
 MAX_LINES = 450
 # Known exceptions, each with its reason; an entry that no longer applies fails its test, so none goes stale.

@@ -283,6 +283,10 @@ def check(trial: Trial, machine: Machine | None = None, gpu_id: str | None = Non
     where = f"{trial.experiment}/{trial.chapter}/{trial.name}"
     if trial.skip_reason:
         verdict.skip = trial.skip_reason
+    if trial.workload.source is not None and not trial.skip_reason:  # a traffic file: reads and fits?
+        from qwen3lab.traffic.build import check as check_traffic
+
+        verdict.errors += check_traffic(trial)
     cfg = trial.engine
     if cfg.kind != "vllm":
         return verdict

@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qwen3lab.errors import SpecError
+from qwen3lab.traffic.spec import Source
 
 QUANTIZATIONS = (
     "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes", "gguf",
@@ -411,8 +412,9 @@ class RequestClass(Strict):
 class Capacity(Strict):
     """Ask for the largest load one configuration serves within its SLOs (one server for every load point)."""
 
-    axis: Literal["request_rate", "concurrency"] = Field(
-        "request_rate", description="What is raised: open-loop requests per second, or requests in flight.")
+    axis: Literal["request_rate", "concurrency", "time_scale"] = Field(
+        "request_rate", description="What is raised: open-loop requests per second, requests in flight, or the "
+        "replay speed of a timestamped workload.source (its trace replayed in turn until the arrivals end).")
     min_attainment: float = Field(
         0.95, gt=0, le=1, description="Share of requests (failures count as misses) that must meet every SLO.")
     criterion: Literal["attainment", "percentiles"] = Field(
@@ -454,7 +456,8 @@ class Capacity(Strict):
 class Workload(Strict):
     """What the load generator sends, and when."""
 
-    LATER_FIELDS: ClassVar[dict[str, Any]] = {"capacity": None, "stall_timeout_s": 120.0, "gpu_sample_interval_s": 0.5}
+    LATER_FIELDS: ClassVar[dict[str, Any]] = {"capacity": None, "stall_timeout_s": 120.0, "gpu_sample_interval_s": 0.5,
+                                              "source": None}
 
     def key_dump(self) -> dict[str, Any]:
         out = super().key_dump()
@@ -483,9 +486,9 @@ class Workload(Strict):
     enable_thinking: bool | None = Field(
         None, description="Chat only: chat_template_kwargs.enable_thinking (Qwen3 thinking mode on/off)."
     )
-    fit_to_context: bool = Field(
-        True, description="Scale down a request class whose prompt + output would not fit max_model_len."
-    )
+    fit_to_context: bool | Literal["scale"] = Field(
+        True, description="Scale down a request class whose prompt + output would not fit max_model_len. With a "
+        "source: refuse requests that do not fit (true/false), or `scale` every length by one factor.")
     seed: int = Field(0, description="Seed for lengths, words, classes and arrival gaps: same seed, same bytes.")
     request_timeout_s: float = Field(600.0, gt=0, description="A request that takes longer is recorded as failed.")
     stall_timeout_s: float = Field(
@@ -495,6 +498,9 @@ class Workload(Strict):
     gpu_sample_interval_s: float | None = Field(
         0.5, gt=0, description="How often the server's GPUs are sampled through NVML during the load (null: not "
         "sampled; the run then stores no GPU telemetry).")
+    source: Source | None = Field(
+        None, description="Your own traffic file instead of the mix: datasets, timestamped traces, multi-turn "
+        "conversations (docs/traffic.md; `qwen3lab schema source`); num_requests does not apply (source.limit picks the window).")
     capacity: Capacity | None = Field(
         None, description="Measure capacity (`qwen3lab capacity`): raise the load on one server until the SLOs fail, "
         "then bisect.")
@@ -503,7 +509,9 @@ class Workload(Strict):
     def _checks(self):
         if self.enable_thinking is not None and self.api != "chat":
             raise ValueError("enable_thinking works through the chat template: set api: chat")
-        if self.concurrency is None and self.request_rate is None:
+        if self.capacity and self.capacity.axis == "time_scale" and (self.source is None or not self.source.replay):
+            raise ValueError("capacity.axis time_scale replays a timestamped workload.source: set source")
+        if self.concurrency is None and self.request_rate is None and self.source is None:
             raise ValueError("set concurrency, request_rate, or both (else every request is sent at once)")
         return self
 

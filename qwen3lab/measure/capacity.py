@@ -91,7 +91,8 @@ class CapacityResult:
 
 # --- the search on the load axis (pure: tested without a server) ------------------------------------------
 def first_load(spec: Capacity, workload: Workload) -> float:
-    own = workload.request_rate if spec.axis == "request_rate" else workload.concurrency
+    own = {"request_rate": workload.request_rate, "concurrency": workload.concurrency,
+           "time_scale": workload.source.time_scale if workload.source else None}[spec.axis]
     value = spec.start or own or 1.0
     return float(max(1, round(value))) if spec.axis == "concurrency" else float(value)
 

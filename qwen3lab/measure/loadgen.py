@@ -25,7 +25,8 @@ import urllib.parse
 
 from qwen3lab.analysis import metrics
 from qwen3lab.experiment.spec import Workload
-from qwen3lab.measure.workload import Request, arrival_offsets
+from qwen3lab.measure.workload import Request
+from qwen3lab.traffic import replay
 
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')  # tested one by one: no generator per token
 _ROUTE = b"x-qwen3lab-route:"  # qwen3lab.measure.router.ROUTE_HEADER, as the header line starts
@@ -48,6 +49,9 @@ class RequestRecord:
     status: int | None = None
     error: str | None = None
     route: str | None = None  # the server that answered, behind `qwen3lab router` (its x-qwen3lab-route header)
+    session: str | None = None  # a traffic file's conversation and turn (qwen3lab.traffic.conversations)
+    turn: int | None = None
+    texts: list[bytes] | None = None  # the token chunks, kept only where the reply is needed (history: generated)
 
     @property
     def ok(self) -> bool:
@@ -104,7 +108,7 @@ def _payload(api: str, model: str, req: Request, workload: Workload) -> dict:
     if workload.ignore_eos:
         body["ignore_eos"] = True
     if api == "chat":
-        body["messages"] = [{"role": "user", "content": req.prompt}]
+        body["messages"] = list(getattr(req, "messages", ())) or [{"role": "user", "content": req.prompt}]
         body["max_completion_tokens"] = req.output_tokens
         if workload.enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": workload.enable_thinking}
@@ -335,7 +339,7 @@ def _judge(rec: RequestRecord, conn: _StreamProtocol, exc: BaseException | None,
 async def _one(conns: _Connections, head: bytes, body: bytes, rec: RequestRecord, t0: float,
                timeout_s: float) -> None:
     """Send one request and time its stream, with vllm bench serve's rules (see the module docstring)."""
-    chunks = rec.chunk_times
+    chunks, texts = rec.chunk_times, rec.texts
     st = time.perf_counter()
     ended = []  # vLLM ends every stream with `data: [DONE]`: a stream closed without it was cut
 
@@ -348,6 +352,8 @@ async def _one(conns: _Connections, head: bytes, body: bytes, rec: RequestRecord
             return
         if b'"choices"' in payload and _EMPTY_CHOICES[0] not in payload and _EMPTY_CHOICES[1] not in payload:
             chunks.append(now - st)
+            if texts is not None:
+                texts.append(payload)
             return
         doc = json.loads(payload)
         if usage := doc.get("usage"):
@@ -453,7 +459,8 @@ async def run_load(
             flights += [(task, rec, t0) for task, rec in zip(warm_tasks, warm)]
             _raise_first(await asyncio.gather(*warm_tasks, return_exceptions=True))
         measured = requests[n_warm:]
-        offsets = arrival_offsets(workload, len(measured))
+        offsets = replay.offsets(workload, measured)
+        lap_s = None if offsets is None else replay.lap_s(workload, offsets)
         deadline = workload.duration_s
         # As vLLM's own client does: what exists now (imports, prompts, the tokenizer) moves out of the collector's
         # reach, so that no full collection walks it (tens of ms, a stalled read) while streams are timed.
@@ -471,7 +478,7 @@ async def run_load(
             if offsets is not None:
                 # Soak runs cycle the mix; their arrival times keep the same average gap.
                 lap, pos = divmod(i, len(measured))
-                target = offsets[pos] + lap * (offsets[-1] + 1.0 / workload.request_rate)
+                target = offsets[pos] + lap * lap_s
                 delay = target - (time.perf_counter() - t0)
                 if delay > 0:
                     await asyncio.sleep(delay)

@@ -96,6 +96,9 @@ def point_workload(workload: Workload, spec: Capacity, load: float, index: int, 
               "seed": workload.seed + index * SEED_STRIDE if fresh_seed else workload.seed}
     if spec.axis == "request_rate":  # open loop: a queue shows up as latency; the requests follow from rate x time
         update |= {"request_rate": float(load), "concurrency": None, "num_requests": math.ceil(load * seconds) + 1}
+    elif spec.axis == "time_scale":  # a trace replayed faster (open loop, its own times), in turn until the end
+        update |= {"concurrency": None, "request_rate": None,
+                   "source": {**workload.source.model_dump(), "time_scale": float(load)}}
     else:  # closed loop: its distinct requests, sent in turn until the arrivals end
         update |= {"concurrency": int(load), "request_rate": None,
                    "num_requests": spec.requests_per_point or workload.num_requests}
@@ -273,7 +276,7 @@ class PointJudge:
         life = life_s or 0.0
         # requests expected in the window (a closed loop's rate: Little's law on the planned life); a miss
         # beyond the share allowed of them decides the point
-        rate = load if spec.axis == "request_rate" else (load / life if life else 0.0)
+        rate = load if spec.axis == "request_rate" else (load / life if life and spec.axis == "concurrency" else 0.0)
         expected = rate * max(planned_s - (spec.ramp_lifetimes + 1) * life, 0)
         self.allowed_misses = math.floor((1 - spec.min_attainment) * expected + 1e-9) if expected else None
         self.misses = 0

@@ -32,6 +32,8 @@ from qwen3lab.sink import RunSink
 from qwen3lab.store import HEARTBEAT_S, Owner, finish_fields, new_run_id, request_row
 from qwen3lab.store import now as store_now
 from qwen3lab.measure.telemetry import MetricsScraper, NvmlSampler
+from qwen3lab.traffic import build as traffic_build, replay
+from qwen3lab.traffic.conversations import run_sessions
 
 # Progress is shown every second; requests reach the sink during a load only every sink.flush_every_s (see
 # _Flusher).
@@ -173,8 +175,9 @@ async def _measure(server: engine.Server, requests, trial: Trial, on_done,
     # stop_when sees the /metrics samples so far: a capacity point ends once its verdict is decided
     should_stop = (lambda: not server.alive()) if stop_when is None else \
         (lambda: not server.alive() or stop_when(samples()))
-    return await run_load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
-                          headers=server.headers, should_stop=should_stop)
+    load = run_sessions if replay.is_sessions(requests) else run_load  # a traffic file's conversations
+    return await load(server.base_url, server.model_name, requests, trial.workload, on_done=on_done,
+                      headers=server.headers, should_stop=should_stop)
 
 
 @dataclass
@@ -276,8 +279,8 @@ def measure(server: engine.Server, trial: Trial, store: RunSink, begun: Begun,
             tokenizer = wl.load_tokenizer(wl.tokenizer_source(trial.engine))
             max_len = server.info.get("max_model_len") or getattr(trial.engine, "max_model_len", None)
             template = _chat_template_tokens(server, trial)
-            requests = wl.build_requests(trial.workload, tokenizer, max_len, template)
-            wl.verify_lengths(requests, tokenizer, template)
+            requests = traffic_build.requests(trial.workload, tokenizer, max_len, template)
+            traffic_build.verify(requests, tokenizer, template)
             extra |= {"requests_digest": wl.requests_digest(requests), "tokenizer_fingerprint": tokenizer.fingerprint}
             if trial.workload.gpu_sample_interval_s:
                 sampler.start()
@@ -299,6 +302,7 @@ def measure(server: engine.Server, trial: Trial, store: RunSink, begun: Begun,
     summary |= {"client_cpu_s": client_cpu_s, "scraper_cpu_s": scraper.cpu_s, "gpu_sampler_cpu_s": sampler.cpu_s,
                 "max_model_len": max_len,
                 "template_tokens": template,
+                "length_scale": getattr(requests[0], "scale", None) if requests else None,  # fit_to_context: scale
                 "client_connections": result.connections,  # kept alive: about the concurrency, not the requests
                 "client_cpu_s_per_1k_tokens": 1000 * client_cpu_s / max(summary["total_output_tokens"], 1)}
     if result.loop_lag_s:  # the client's own stalls: large ones skew TTFT and TPOT (issue 16)
@@ -314,7 +318,8 @@ def measure(server: engine.Server, trial: Trial, store: RunSink, begun: Begun,
     refused.append(_try_store(store.add_samples, run_id, samples))
     extra |= {"client_cpu_s": client_cpu_s, "peak_gpu_memory_mib": sampler.peak_memory_mib()}
     measured = [r for r in result.records if not r.warmup]
-    planned = None if trial.workload.duration_s else wl.arrival_offsets(trial.workload, len(measured))
+    planned = None if trial.workload.duration_s or replay.is_sessions(requests) else \
+        replay.offsets(trial.workload, requests[len(requests) - len(measured):])
     check = validity.assess(metrics.RequestTable.from_records(measured), result.duration_s,
                             client_cpu_s, [r.sent_at for r in measured], planned,
                             ramp=trial.workload.concurrency or 0)

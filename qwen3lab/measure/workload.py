@@ -183,4 +183,6 @@ def requests_digest(requests: list[Request]) -> str:
     h = hashlib.sha256()
     for r in requests:
         h.update(json.dumps([r.request_class, r.prompt_tokens, r.output_tokens, r.prompt]).encode())
+        if getattr(r, "source_digest", None):  # a traffic file: its content, schedule and sessions too
+            h.update(json.dumps([r.source_digest, r.at, r.session, r.turn, r.think_s, r.messages]).encode())
     return h.hexdigest()[:16]
