@@ -80,7 +80,8 @@ def vllm_processes() -> list:
 # The files that take longest go first, so that neither worker is left with a long one at the end.
 SLOWEST_FIRST = ["test_notebooks.py", "test_capacity.py", "test_ray_executor.py", "test_sweep.py", "test_faults.py",
                  "test_soak.py", "test_search.py", "test_router.py", "test_topology.py", "test_fidelity.py",
-                 "test_engine.py", "test_cli.py", "test_loadgen.py", "test_dashboard_browser.py"]
+                 "test_engine.py", "test_cli.py", "test_traffic_server.py", "test_builds.py", "test_schedule.py",
+                 "test_loadgen.py", "test_dashboard_browser.py", "test_claims_why.py", "test_campaigns.py"]
 
 
 def pytest_configure(config):
