@@ -9,8 +9,13 @@ min_attainment at C and fall short of it at F. Prints a table and writes JSON un
 machine's load average (a shared machine moves the figures: say so beside them).
 
     PYTHONPATH=$PWD .venv/bin/python bench/capacity_vs_vllm_bench.py [--seconds 60] [--min-arrival-s 60]
-        [--tokens 128] [--output-tokens 128] [--ttft-ms 1500] [--tpot-ms 50] [--min-attainment 0.95]
+        [--f-seconds S] [--tokens 128] [--output-tokens 128] [--range-ratio 0] [--ttft-ms 1500] [--tpot-ms 50]
+        [--min-attainment 0.95]
         [--before DIR]   # DIR: `git archive COMMIT | tar -x -C DIR` of an older checkout, timed on the same server
+
+On a GPU host (the gpu-kit; tools/h200_device.sh's `check` stage): --model FOLDER --max-model-len 4096 --gpu h200
+--serve-arg=--quantization --serve-arg=fp8 --tokens 272 --output-tokens 160 --range-ratio 0.6 --start 16
+--ttft-ms 500 --tpot-ms 40 (lengths uniform in 108-435 and 64-256, as vLLM's random dataset draws them).
 """
 from __future__ import annotations
 
@@ -37,15 +42,22 @@ def experiment_yaml(args, engine: dict, before: bool = False) -> str:
     import yaml
 
     steady = {"requests_per_point": 200} if before else {"min_arrival_s": args.min_arrival_s}
+    lengths = {"prompt_tokens": spread(args.tokens, args.range_ratio),
+               "output_tokens": spread(args.output_tokens, args.range_ratio)}
     return yaml.safe_dump({
         "name": "capacity-vs-vllm", "gpu": args.gpu, "engine": engine,
-        "workload": {"mix": [{"name": "fixed", "prompt_tokens": args.tokens, "output_tokens": args.output_tokens}],
+        "workload": {"mix": [{"name": "random", **lengths}],
                      "num_requests": 24, "warmup_requests": 8, "seed": 0,
                      "capacity": {"axis": "request_rate", "start": args.start, "min_attainment": args.min_attainment,
                                   "max_points": args.max_points, **steady}},
         "slo": {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms},
         "trials": [{"name": "vllm-defaults"}],
     })
+
+
+def spread(length: int, ratio: float) -> int | list[int]:
+    """vLLM's random dataset draws a length uniformly in [floor(L (1 - r)), ceil(L (1 + r))]: the same range."""
+    return length if not ratio else [math.floor(length * (1 - ratio)), math.ceil(length * (1 + ratio))]
 
 
 def qwen3lab_capacity(engine: dict, args, work: Path, repo: Path = REPO, tag: str = "capacity") -> tuple[dict, float]:
@@ -60,14 +72,15 @@ def qwen3lab_capacity(engine: dict, args, work: Path, repo: Path = REPO, tag: st
     return row, time.monotonic() - t
 
 
-def vllm_bench_at(url: str, rate: float, args, work: Path, tag: str) -> dict:
-    """`vllm bench serve` at `rate` for at least args.seconds of Poisson arrivals; attainment from its per-request
+def vllm_bench_at(url: str, rate: float, args, work: Path, tag: str, seconds: float) -> dict:
+    """`vllm bench serve` at `rate` for at least `seconds` of Poisson arrivals; attainment from its per-request
     detail (TTFT, and TPOT = (E2EL - TTFT) / (output - 1) as vLLM defines it; a failed request is a miss)."""
     model = str(fb.resolve_model_path(fb.MODEL))
-    n = math.ceil(rate * args.seconds)
+    n = math.ceil(rate * seconds)
     argv = [sys.executable, str(REPO / "bench" / "vllm_bench_serve.py"), "--backend", "vllm", "--base-url", url,
             "--model", model, "--tokenizer", model, "--dataset-name", "random", "--random-input-len",
-            str(args.tokens), "--random-output-len", str(args.output_tokens), "--random-range-ratio", "0",
+            str(args.tokens), "--random-output-len", str(args.output_tokens), "--random-range-ratio",
+            f"{args.range_ratio:g}",
             "--num-prompts", str(n), "--request-rate", f"{rate:g}", "--burstiness", "1", "--num-warmups", "8",
             "--ignore-eos", "--seed", "0", "--temperature", "0", "--goodput", f"ttft:{args.ttft_ms:g}",
             f"tpot:{args.tpot_ms:g}", "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,95",
@@ -75,8 +88,10 @@ def vllm_bench_at(url: str, rate: float, args, work: Path, tag: str) -> dict:
             "--result-filename", f"{tag}.json"]
     subprocess.run(argv, check=True, env=fb._env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = json.loads((work / f"{tag}.json").read_text())
+    # vLLM 0.26's detailed result has no "latencies" (0.32's has): E2EL is then TTFT plus the inter-token gaps
+    latencies = out.get("latencies") or [t + sum(gaps) for t, gaps in zip(out["ttfts"], out["itls"])]
     good = 0
-    for ttft, latency, n_out, error in zip(out["ttfts"], out["latencies"], out["output_lens"], out["errors"]):
+    for ttft, latency, n_out, error in zip(out["ttfts"], latencies, out["output_lens"], out["errors"]):
         if error or not ttft or not n_out:
             continue  # failed: a miss
         tpot = (latency - ttft) / (n_out - 1) if n_out > 1 else 0.0
@@ -91,6 +106,8 @@ def vllm_bench_at(url: str, rate: float, args, work: Path, tag: str) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="vllm bench serve's arrivals at C and at F (>= 60)")
+    p.add_argument("--f-seconds", type=float, help="arrivals at F (default: --seconds); longer shows whether a "
+                   "queue qwen3lab saw growing there turns into missed SLOs")
     p.add_argument("--min-arrival-s", type=float, default=60.0, help="qwen3lab's capacity.min_arrival_s")
     p.add_argument("--start", type=float, default=2.0, help="qwen3lab's first load point, req/s")
     p.add_argument("--max-points", type=int, default=8)
@@ -98,8 +115,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--ttft-ms", type=float, default=1500.0)
     p.add_argument("--tpot-ms", type=float, default=50.0)
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in L (1 -+ r), both tools")
     p.add_argument("--min-attainment", type=float, default=0.95)
     p.add_argument("--gpu", default="cpu")
+    p.add_argument("--model", default=fb.MODEL, help="builtin:qwen3-tiny or a local model folder (dummy weights)")
+    p.add_argument("--max-model-len", type=int, default=fb.MAX_MODEL_LEN)
+    p.add_argument("--serve-arg", action="append", default=[], help="one more `vllm serve` argument (repeat)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--before", help="a checkout of qwen3lab before steady-state points (git archive COMMIT): its "
                    "capacity search is timed first on the same server")
@@ -108,10 +129,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    fb.MODEL, fb.MAX_MODEL_LEN = args.model, args.max_model_len
     started = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        with fb.HandServer(work / "server.log") as server:
+        with fb.HandServer(work / "server.log", serve_args=tuple(args.serve_arg)) as server:
             result = {}
             if args.before:  # the old search first, on the same server: its wall time and its capacity
                 old, old_wall = qwen3lab_capacity(fb.endpoint_engine(server), args, work, Path(args.before), "before")
@@ -123,9 +145,10 @@ def main() -> None:
             result |= {"qwen3lab": {"capacity": row["capacity"], "first_fail": f, "status": row["status"],
                                     "wall_s": wall, "points": row["points"]}, "vllm_bench": {}}
             print("qwen3lab:", json.dumps(result["qwen3lab"]), flush=True)
-            for name, rate in (("at C", c), ("at F", f)):
+            for name, rate, seconds in (("at C", c, args.seconds), ("at F", f, args.f_seconds or args.seconds)):
                 if rate:
-                    result["vllm_bench"][name] = vllm_bench_at(server.url, rate, args, work, name.replace(" ", "_"))
+                    result["vllm_bench"][name] = vllm_bench_at(server.url, rate, args, work, name.replace(" ", "_"),
+                                                               seconds)
                     print(f"vllm bench {name}:", json.dumps(result["vllm_bench"][name]), flush=True)
     holds = {"at C": lambda a: a >= args.min_attainment, "at F": lambda a: a < args.min_attainment}
     if "before" in result:

@@ -86,7 +86,7 @@ class HandServer:
     """`vllm serve` as a user starts it by hand: the module, vLLM's defaults, output to a log file, on the cores
     qwen3lab's own launch and stored command use."""
 
-    def __init__(self, log: Path, timeout_s: float = 900):
+    def __init__(self, log: Path, timeout_s: float = 900, serve_args: tuple[str, ...] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(resolve_model_path(MODEL))
@@ -98,7 +98,7 @@ class HandServer:
         pin = engine.cpu_server_pin(EngineConfig(model=MODEL), engine.probe_build(sys.executable))
         argv = [*pin, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                 "--load-format", "dummy", "--max-model-len", str(MAX_MODEL_LEN), "--port", str(self.port),
-                *([] if PREFIX_CACHING else ["--no-enable-prefix-caching"])]
+                *([] if PREFIX_CACHING else ["--no-enable-prefix-caching"]), *serve_args]
         self.log = open(log, "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=_env(),
                                      start_new_session=True)

@@ -277,7 +277,7 @@ def test_launches_are_not_part_of_a_trials_identity():
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    """Both configurations' capacities (max-num-seqs-4 on two launches), measured once in this process, with the
+    """Both configurations' capacities (one launch each), measured once in this process, with the
     server each point ran on."""
     from qwen3lab.store import Store
 
@@ -377,11 +377,24 @@ def test_a_point_that_ended_early_says_so_and_stopped_its_arrivals(searched):
         assert len(starts) == 1 and 0 < starts.pop() <= result.start_s, (name, starts, result.start_s)
 
 
-def test_max_num_seqs_4_has_no_higher_capacity_than_vllm_defaults(searched):
-    _, _, results, _ = searched
+def test_max_num_seqs_4_caps_the_batch_and_one_launch_each_ranks_nothing(searched):
+    # Which of the two serves more cannot be claimed from one launch each on a shared 2-core machine (CI saw
+    # max-num-seqs-4 at 1.0 req/s and vLLM's defaults at 0.25 under load): the chapter's verdict must say so.
+    # What one launch does show is that the flag reached the server and capped its batch.
+    from qwen3lab.analysis import stats
+    from qwen3lab.workbook.capacity import against_top
+
+    _, store, results, _ = searched
     small, defaults = results["max-num-seqs-4"], results["vllm-defaults"]
-    assert small.capacity is not None and defaults.capacity is not None
-    assert small.capacity <= defaults.capacity, (small.as_dict(), defaults.as_dict())
+    ranked = sorted([small, defaults], key=lambda r: -(r.capacity or 0))
+    assert against_top(ranked) == ["top", stats.ONE_LAUNCH]
+    points = store.capacity_points([small.search_id])
+    (exec_line,) = [ln for ln in open(points.log_path.iloc[0]) if ln.startswith("# qwen3lab exec:")]
+    argv = json.loads(exec_line.split(":", 1)[1])
+    assert argv[argv.index("--max-num-seqs") + 1] == "4"
+    running = store.samples(list(points.run_id))
+    running = running[running.name == "vllm:num_requests_running"].value
+    assert len(running) and running.max() <= 4
 
 
 def test_cli_capacity_resumes_and_prints_json(searched):
