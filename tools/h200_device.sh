@@ -14,7 +14,7 @@
 #                                            attention_long_prompts` executes notebook 60 on the stored runs
 #   STAGE tests TIMEOUT_S PYTEST_K           `make test-gpu`'s tests (PYTEST_K: pytest -k, "" for all)
 #   STAGE capacity TIMEOUT_S [CHAPTER/TRIAL...]  `qwen3lab capacity experiments/h200-qwen3-14b-capacity.yaml`, cut to
-#                                            those trials (resumes)
+#                                            those trials (resumes), into a DuckDB of its own
 #   STAGE check TIMEOUT_S                    bench/capacity_vs_vllm_bench.py on online FP8: qwen3lab's capacity C and
 #                                            first failing load F on a server started by hand, then `vllm bench
 #                                            serve` at C and at F (the capacity experiment's lengths and SLO)
@@ -41,7 +41,7 @@ fi
 if [ "$STAGE" = collect ]; then  # the background steps' files, however far they got
   T=$1; end=$((SECONDS + T))
   while [ ! -f $BG/done ] && [ $SECONDS -lt $end ]; do sleep 5; done
-  cp -r $BG/. "$OUT/" 2>/dev/null; cp $DB "$OUT/" 2>/dev/null
+  cp -r $BG/. "$OUT/" 2>/dev/null; cp /root/*.duckdb "$OUT/" 2>/dev/null
   tail -c 4000 $BG/bg.log 2>/dev/null; ls -la "$OUT"
   exit 0
 fi
@@ -82,8 +82,8 @@ case "$STAGE" in
     tail -c 6000 "$OUT/$STAGE.log"
     mkdir -p "$OUT/notebooks"   # the executed notebooks of this call (a cut call's are written too, marked)
     find /root/runs -name '*.ipynb' -newer "$DB.stamp" -exec cp {} "$OUT/notebooks/" \; 2>/dev/null ;;
-  capacity)
-    XP=experiments/h200-qwen3-14b-capacity.yaml
+  capacity)  # a store of its own, as experiments/results/h200-qwen3-14b-capacity.duckdb
+    DB=/root/h200-capacity-steady.duckdb; XP=experiments/h200-qwen3-14b-capacity.yaml
     [ $# -gt 0 ] && python3 $K/gpu/slice.py $XP experiments/h200-capacity-slice.yaml "$@" && XP=experiments/h200-capacity-slice.yaml
     tag=$(date +%H%M%S)
     timeout --signal=INT --kill-after=30 $T python3 -m qwen3lab capacity $XP \
