@@ -84,6 +84,10 @@ case "$STAGE" in
     find /root/runs -name '*.ipynb' -newer "$DB.stamp" -exec cp {} "$OUT/notebooks/" \; 2>/dev/null ;;
   capacity)  # a store of its own, as experiments/results/h200-qwen3-14b-capacity.duckdb
     DB=/root/h200-capacity-steady.duckdb; XP=experiments/h200-qwen3-14b-capacity.yaml
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100; then  # an H100 lent instead: say so
+      sed 's/^gpu: h200/gpu: h100/; s/^name: h200-/name: h100-/' $XP > experiments/h100-capacity.yaml
+      DB=/root/h100-capacity-steady.duckdb; XP=experiments/h100-capacity.yaml
+    fi
     [ $# -gt 0 ] && python3 $K/gpu/slice.py $XP experiments/h200-capacity-slice.yaml "$@" && XP=experiments/h200-capacity-slice.yaml
     tag=$(date +%H%M%S)
     timeout --signal=INT --kill-after=30 $T python3 -m qwen3lab capacity $XP \
