@@ -279,28 +279,27 @@ def test_launches_are_not_part_of_a_trials_identity():
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    """Both configurations' capacities (one launch each), measured once in this process, with the
-    server each point ran on."""
+    """Both configurations' capacities (one launch each), measured once in this process as `qwen3lab capacity`
+    measures them (run_capacities: the schedule of capacity launches), with the vLLM processes seen at each
+    point."""
+    from qwen3lab.measure.events import Listener
     from qwen3lab.store import Store
 
     tmp = tmp_path_factory.mktemp("capacity")
     path = tmp / "cap.yaml"
     path.write_text(yaml.safe_dump(EXPERIMENT, sort_keys=False))
-    store = Store(tmp / "cap.duckdb")
-    seen: dict[str, list] = {}
-    results = {}
-    for trial in xp.expand(xp.load(path)):
-        box: dict = {}
-        seen[trial.name] = []
+    seen: dict[str, list] = {t["name"]: [] for t in EXPERIMENT["trials"]}
 
-        def on_point(point, box=box, name=trial.name):
+    class Seen(Listener):
+        def point(self, trial, text):
             procs = vllm_processes()
-            seen[name].append((box["server"].process.pid, box["server"].alive(), len({p.pid for p in procs})))
+            seen[trial.name].append((tuple(sorted(p.pid for p in procs)), all(p.is_running() for p in procs),
+                                     len(procs)))
 
-        results[trial.name] = cap.capacity_of(trial, store, tmp / "runs", str(path), gpu_id="cpu",
-                                              on_point=on_point, on_server=lambda s, box=box: box.update(server=s))
+    got = cap.run_capacities(path, str(tmp / "cap.duckdb"), runs_dir=tmp / "runs", listener=Seen())
+    results = {r.trial.name: r for r in got}
     assert not vllm_processes(), "a server outlived its search"
-    return path, store, results, seen
+    return path, Store(tmp / "cap.duckdb"), results, seen
 
 
 def test_one_real_server_serves_every_point_of_a_configuration(searched):
@@ -308,7 +307,7 @@ def test_one_real_server_serves_every_point_of_a_configuration(searched):
     for name, result in results.items():
         pids = [pid for pid, _, _ in seen[name]]
         # one server, alive for all of its points
-        assert len(set(pids)) == 1 and all(alive for _, alive, _ in seen[name]), seen[name]
+        assert len(set(pids)) == 1 and pids[0] and all(alive for _, alive, _ in seen[name]), seen[name]
         assert result.status in cap.SEARCH_DONE, (name, result.status, result.reason)
         assert len(result.points) >= 2  # a slow machine may fail the first point: bisected once, one server
         row = store.capacities(trial_key=result.trial.key).set_index("search_id").loc[result.search_id]
@@ -417,8 +416,9 @@ def test_cli_capacity_resumes_and_prints_json(searched):
                 assert shown[key] == point.steady.get(key), key
             assert set(shown["queue_trend"]) == ({"server", "client"} if "queue_trend" in point.steady else set())
     assert len(store.capacities()) == 2
-    camp, = store.campaigns().to_dict("records")  # the invocation is a campaign, though it measured nothing new
-    assert (camp["command"], camp["status"], camp["experiment"]) == ("capacity", "ok", EXPERIMENT["name"])
+    camps = store.campaigns().to_dict("records")  # each invocation is a campaign, though this one measured nothing
+    assert len(camps) == 2 and {(c["command"], c["status"], c["experiment"]) for c in camps} == \
+        {("capacity", "ok", EXPERIMENT["name"])}
 
 
 def test_capacity_page_ranks_configurations_by_capacity(searched, monkeypatch):

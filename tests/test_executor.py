@@ -101,6 +101,48 @@ def _ok(store, launch) -> TrialResult:
     return TrialResult(t, run_id, "ok")
 
 
+TWO_CAPACITIES = """
+name: sched-cap
+gpu: cpu
+engine: {model: builtin:qwen3-tiny, load_format: dummy, max_model_len: 1024}
+workload: {num_requests: 4, mix: fixed-128, capacity: {launches: 2}}
+chapters:
+  one:
+    trials: [{name: a, engine.max_num_seqs: 8}, {name: b, engine.max_num_seqs: 4}]
+"""
+
+
+def _searched(store, launch, capacity=4.0) -> TrialResult:
+    """A capacity launch as run_capacities stores it: a search row, finished ok."""
+    t = launch.trial
+    sid = store.begin_capacity(trial_key=t.key, experiment=t.experiment, chapter=t.chapter, trial=t.name,
+                               axis="request_rate")
+    store.finish_capacity(sid, "ok", capacity=capacity, low=capacity, high=capacity * 2)
+    return TrialResult(t, sid, "ok")
+
+
+def test_capacity_launches_are_scheduled_as_runs_are_interleaved_and_resumed(store, tmp_path):
+    from qwen3lab.measure import capacity as cap
+
+    planned = _planned(tmp_path, TWO_CAPACITIES)
+    sched = Schedule(planned, store, lambda *_: None, kind=cap.SEARCHES)
+    order = []
+    while (launch := sched.next()) is not None:
+        order.append((launch.trial.name, launch.label))
+        sched.finished(launch, _searched(store, launch, 4.0 if launch.round == 0 else 6.0))
+    assert order == [("a", " #1/2"), ("b", " #1/2"), ("a", " #2/2"), ("b", " #2/2")]
+    a = cap.stored_capacity(store, planned.trials[0])
+    assert (a.capacity, a.low, a.high, len(a.launches)) == (5.0, 4.0, 12.0, 2)
+    # resumed: both stand on their two searches; raising launches to 3 asks for one more of each, at round 3
+    told = Recorder()
+    again = Schedule(planned, store, lambda *_: None, listener=told, kind=cap.SEARCHES)
+    assert again.next() is None and [r.trial.name for r in again.results] == ["a", "b"]
+    assert any("capacity search" in line and "not run again" in line for line in told.lines)
+    three = _planned(tmp_path, TWO_CAPACITIES.replace("launches: 2", "launches: 3"))
+    sched = Schedule(three, store, lambda *_: None, kind=cap.SEARCHES)
+    assert [(x.trial.name, x.label) for x in iter(sched.next, None)] == [("a", " #3/3"), ("b", " #3/3")]
+
+
 def test_the_schedule_interleaves_rounds_resumes_and_keeps_max_trials(store, tmp_path):
     planned = _planned(tmp_path)
     assert all(v.ok for v in planned.verdicts)

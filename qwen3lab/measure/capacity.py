@@ -27,7 +27,7 @@ from qwen3lab import campaign
 from qwen3lab.errors import EngineError, SpecErrors
 from qwen3lab.experiment import preflight
 from qwen3lab.experiment.spec import Capacity, Trial, Workload
-from qwen3lab.measure import engine, executor, loadpoint, runner, topology
+from qwen3lab.measure import engine, executor, loadpoint, runner, schedule, topology
 from qwen3lab.measure.events import Listener
 from qwen3lab.store import Store
 
@@ -376,40 +376,61 @@ def told_point(point: Point) -> str:
     return f"at {point.load:g}: {point.verdict} ({point.why})"
 
 
-def told_resumed(result: CapacityResult) -> str:
-    return f"capacity {result.capacity} earlier ({result.search_id}), not measured again"
+def launches_wanted(trial: Trial) -> int:
+    return (trial.workload.capacity or Capacity()).launches
+
+
+def searches_left(store: Store, trial: Trial, retry_failed: bool = False, runnable_here: bool = False,
+                  fresh: bool = False) -> tuple[int, tuple[str, str] | None]:
+    """(searches this trial still needs for `capacity.launches`, the stored (search_id, status) that stands for
+    it: its capacity, or its skip). A trial not runnable here needs one, which stores its skip."""
+    want = launches_wanted(trial) if runnable_here else 1
+    if fresh:
+        return want, None
+    stored = stored_capacity(store, trial)
+    if stored is not None:
+        return 0, (stored.search_id, stored.status)
+    finished = [r for r in finished_launches(store, trial) if r.status in SEARCH_DONE]
+    return max(want - len(finished), 1), None
+
+
+# A capacity launch: one server, one search (measure_capacity); schedule.Schedule orders them as it orders runs.
+SEARCHES = schedule.Kind("capacity search", launches_wanted, searches_left)
+
+
+def outcome(store: Store, trial: Trial, failed: CapacityResult | None, why: str = "measured earlier",
+            ) -> CapacityResult | None:
+    """What a trial's launches came to once the schedule ended: a launch that did not finish (crash, OOM...)
+    stands for it, else its newest `capacity.launches` finished searches combined (or its skip)."""
+    return failed or stored_capacity(store, trial, why, unfinished=True)
 
 
 def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
                    fresh: bool = False, listener: Listener | None = None) -> list[CapacityResult]:
-    """The capacity of every trial of an experiment (or of `only` chapters), with resume; pre-flight first."""
+    """The capacity of every trial of an experiment (or of `only` chapters), with resume; pre-flight first.
+    A trial's `capacity.launches` searches are interleaved with the other trials' (A B A B), as runs are."""
     listener = listener or Listener()
     planned = executor.plan(path, only)
     planned.raise_errors()
     store = Store(db)
-    listener.started(f"{planned.experiment.name} capacity", len(planned.verdicts))
-    results = []
+    failed: dict[str, CapacityResult] = {}
     with campaign.opened(store, "capacity", path, {"only": only, "fresh": fresh}):
-        _measure_all(planned, store, path, runs_dir, fresh, listener, results)
-    return results
-
-
-def _measure_all(planned, store: Store, path, runs_dir, fresh: bool, listener: Listener, results: list) -> None:
-    """Each planned trial's capacity, resumed or measured, appended to `results` as it ends."""
-    for verdict in planned.verdicts:
-        trial = verdict.trial
-        stored = None if fresh else stored_capacity(store, trial)
-        if stored:
-            results.append(stored)
-            listener.resumed(trial, told_resumed(stored))
-            continue
-        listener.launching(trial, "starting its server")
-        result = capacity_of(trial, store, runs_dir, str(path), planned.machine, planned.experiment.gpu,
-                             on_point=lambda p, t=trial: listener.point(t, told_point(p)),
-                             progress=lambda n, t=trial: listener.requests_done(t, n),
-                             verdict=verdict, done=[] if fresh else finished_launches(store, trial))
-        listener.finished(trial, result.status, told(result))
-        results.append(result)
+        sched = schedule.Schedule(planned, store, lambda *_: None, fresh=fresh, listener=listener, kind=SEARCHES)
+        while (launch := sched.next()) is not None:
+            trial = launch.trial
+            if trial.key in failed:  # a launch that did not finish ends the trial: no more servers for it
+                sched.finished(launch, runner.TrialResult(trial, "", "skipped", "an earlier launch failed"))
+                continue
+            listener.launching(trial, f"starting its server{launch.label}")
+            got = measure_capacity(trial, store, runs_dir, str(path), planned.machine, planned.experiment.gpu,
+                                   on_point=lambda p, t=trial: listener.point(t, told_point(p)),
+                                   progress=lambda n, t=trial: listener.requests_done(t, n), verdict=launch.verdict)
+            if got.status not in SEARCH_DONE + ("skipped",):
+                failed[trial.key] = got
+            listener.finished(trial, got.status, told(got))
+            sched.finished(launch, runner.TrialResult(trial, got.search_id, got.status, got.reason))
+    results = [outcome(store, v.trial, failed.get(v.trial.key)) for v in planned.verdicts]
+    return [r for r in results if r is not None]
 
 
 def resumed_result(trial: Trial, row: dict, store: Store, why: str = "measured earlier") -> CapacityResult:

@@ -25,7 +25,7 @@ from typing import Any
 from qwen3lab import campaign
 from qwen3lab.errors import MissingDependency, Qwen3LabError, SpecError, SpecErrors
 from qwen3lab.experiment.spec import Trial
-from qwen3lab.measure import executor, provenance, runner, schedule
+from qwen3lab.measure import executor, provenance, runner
 from qwen3lab.measure.events import Listener
 from qwen3lab.measure.schedule import Schedule
 from qwen3lab.store import Store
@@ -165,7 +165,7 @@ class Flight:
     node: dict = field(default_factory=dict)
     requests: int = 0
     tag: Any = None  # the caller's handle (a search's optuna trial), kept across attempts
-    kind: str = "trial"  # or "capacity": the trial's capacity search, its points runs of one server
+    kind: str = "trial"  # or "capacity"/"capacity_launch": capacity searches, their points runs of one server
     run_ids: list[str] = field(default_factory=list)
     search_id: str | None = None
 
@@ -247,8 +247,8 @@ def _checked(planned, address: str | None):
 def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
                    fresh: bool = False, listener: Listener | None = None, address: str | None = None,
                    max_attempts: int = MAX_ATTEMPTS) -> list:
-    """capacity.run_capacities on a Ray cluster: each trial's capacity search is one task (one server on one
-    node for all of its points), as many at once as the cluster has slots; resumes from DuckDB."""
+    """capacity.run_capacities on a Ray cluster: the same schedule (capacity.SEARCHES), each capacity launch a task
+    (one server on one node for all of its points), as many at once as the cluster has slots; resumes from DuckDB."""
     from qwen3lab.measure import capacity as cap
 
     listener = listener or Listener()
@@ -256,28 +256,27 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
     planned.raise_errors()
     store = Store(db)
     ray = _checked(planned, address)
-    schedule.recover(store, listener)  # a killed driver's points: finished from their spools or interrupted
-    listener.started(f"{planned.experiment.name} capacity", len(planned.verdicts))
-    results = {}
+    failed: set[str] = set()  # a launch that did not finish ends its trial: no more servers for it
+    sched = Schedule(planned, store, lambda *_: None, fresh=fresh, listener=listener, kind=cap.SEARCHES)
     with TrialPool(ray, store, job_for(planned.experiment.gpu, runs_dir, planned.path), listener,
                    max_attempts) as pool:
-        for verdict in planned.verdicts:
-            stored = None if fresh else cap.stored_capacity(store, verdict.trial)
-            if stored:
-                results[verdict.trial.key] = stored
-                listener.resumed(verdict.trial, cap.told_resumed(stored))
-            else:
-                listener.launching(verdict.trial, "its capacity search on the cluster")
-                pool.submit(verdict.trial, tag=verdict.trial, kind="capacity")
-        while pool:
-            for trial, result in pool.step():
-                stored = cap.stored_capacity(store, trial, "measured on the cluster", unfinished=True)
-                if stored is None:  # lost with no attempt left before its row was begun
-                    listener.finished(trial, result.status, result.reason or "")
+        while True:
+            while (launch := sched.next()) is not None:
+                if launch.trial.key in failed:
+                    sched.finished(launch, runner.TrialResult(launch.trial, "", "skipped", "an earlier launch failed"))
                     continue
-                results[trial.key] = stored
-                listener.finished(trial, stored.status, cap.told(stored))
-    return [results[t.key] for t in planned.trials if t.key in results]
+                listener.launching(launch.trial, f"its capacity search on the cluster{launch.label}")
+                pool.submit(launch.trial, tag=launch, kind="capacity_launch")
+            if not pool:
+                break
+            for launch, result in pool.step():
+                if result.status not in cap.SEARCH_DONE + ("skipped",):
+                    failed.add(launch.trial.key)
+                listener.finished(launch.trial, result.status, result.reason or "")
+                sched.finished(launch, result)
+    # each trial's launches combined, or the one that did not finish (a search lost before its row began: none)
+    results = [cap.outcome(store, t, None, "measured on the cluster") for t in planned.trials]
+    return [r for r in results if r is not None]
 
 
 def job_for(gpu_id: str | None, runs_dir: str | Path, experiment_path: str | Path | None) -> dict:
@@ -359,7 +358,7 @@ class TrialPool:
 
     def _finish(self, flight: Flight, outcome: dict) -> runner.TrialResult:
         status, reason = outcome.get("status", "failed"), outcome.get("reason")
-        if status == "error" and flight.kind == "capacity":  # the search's row says it; no run row stands for it
+        if status == "error" and flight.kind.startswith("capacity"):  # the search's row says it; no run row stands for it
             status = "failed"
             if flight.search_id is None:
                 t = flight.trial

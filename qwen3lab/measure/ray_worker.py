@@ -134,7 +134,8 @@ def node_identity() -> dict[str, Any]:
 
 def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, overrides: dict, gpu_id: str | None,
                  attempt: int, omp_num_threads: str | None, kind: str = "trial"):
-    """Run one trial here (kind "trial": one launch; "capacity": its capacity search on one server) and yield
+    """Run one trial here (kind "trial": one launch; "capacity": its capacity searches, "capacity_launch": one
+    search on one server) and yield
     its store events in batches; the last batch ends with ('result', ...)."""
     from qwen3lab.experiment import preflight
     from qwen3lab.experiment.spec import Trial
@@ -151,9 +152,11 @@ def trial_events(trial_json: dict, runs_dir: str, experiment_path: str | None, o
 
     def work() -> None:
         try:
-            if kind == "capacity":
-                # every launch of capacity.launches (the driver submits a trial whose capacity is not stored yet)
-                got = capacity.capacity_of(trial, relay, runs_dir, experiment_path, preflight.Machine.local(), gpu_id)
+            if kind in ("capacity", "capacity_launch"):
+                # "capacity": every launch of capacity.launches (a search's suggestion whose capacity is not stored
+                # yet); "capacity_launch": one of them, as the driver's schedule (capacity.SEARCHES) places it
+                search = capacity.capacity_of if kind == "capacity" else capacity.measure_capacity
+                got = search(trial, relay, runs_dir, experiment_path, preflight.Machine.local(), gpu_id)
                 outcome.update(status=got.status, reason=got.reason, search_id=got.search_id,
                                run_id=got.points[-1].run_id if got.points else None)
             else:

@@ -4,6 +4,9 @@
     while (launch := sched.next()) is not None:   # the local executor: one launch at a time
         sched.finished(launch, runner.run_trial(launch.trial, ...))
 
+What a launch is for is `kind`: a run of `repeats` (RUNS, the default), or a capacity search of
+`capacity.launches` (capacity.SEARCHES): how many a trial wants and how many it still needs.
+
 The Ray executor takes every launch next() gives, runs them at once, and tells each as it ends; next() gives
 None while planned launches are in flight and none is left to start, then the extra ones of `repeats: auto`.
 Executors only place and run a launch; what to launch, in which order and how often is decided here:
@@ -31,18 +34,30 @@ from qwen3lab.store import now as store_now
 
 @dataclass(frozen=True)
 class Launch:
-    """One server start of one trial: its `round` (0-based) of `repeats`, or None for an extra of auto."""
+    """One server start of one trial: its `round` (0-based) of `of` launches, or None for an extra of auto."""
 
     trial: Trial
     verdict: preflight.Verdict
     round: int | None = 0
+    of: int = 1
 
     @property
     def label(self) -> str:
         """' #2/3' for the second of three launches ('' for one launch, ' +1' for an extra one of auto)."""
         if self.round is None:
             return " +1"
-        return f" #{self.round + 1}/{self.trial.repeats}" if self.trial.repeats > 1 else ""
+        return f" #{self.round + 1}/{self.of}" if self.of > 1 else ""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a launch is for: `noun` names what one stores; `wanted(trial)` launches a trial asks for;
+    `left(store, trial, retry_failed, runnable_here, fresh)` gives (launches it still needs, the stored
+    (id, status) that stands for it)."""
+
+    noun: str
+    wanted: Callable[[Trial], int]
+    left: Callable[..., tuple[int, tuple[str, str] | None]]
 
 
 def recover(store: Store, listener: Listener) -> None:
@@ -73,7 +88,11 @@ def launches_left(store: Store, trial: Trial, retry_failed: bool, runnable_here:
     return max(trial.repeats - int(df.status.isin(selection.MEASURED).sum()), 0), prev
 
 
-def interleave(trials: list[Trial], needed: list[int]) -> list[tuple[Trial, int]]:
+RUNS = Kind("run", lambda trial: trial.repeats, launches_left)
+
+
+def interleave(trials: list[Trial], needed: list[int], wanted: Callable[[Trial], int] = RUNS.wanted,
+               ) -> list[tuple[Trial, int]]:
     """(trial, round) launches, round by round within each chapter: A B C A B C, not A A B B C C.
 
     A trial with launches already stored resumes at its next round, so a resumed run first catches up the
@@ -82,7 +101,7 @@ def interleave(trials: list[Trial], needed: list[int]) -> list[tuple[Trial, int]
     chapter_order = {c: i for i, c in enumerate(dict.fromkeys(t.chapter for t in trials))}
     launches = []
     for pos, (t, n) in enumerate(zip(trials, needed)):
-        first = max(t.repeats - n, 0)
+        first = max(wanted(t) - n, 0)
         launches += [((chapter_order[t.chapter], first + i, pos), t) for i in range(n)]
     return [(t, key[1]) for key, t in sorted(launches, key=lambda x: x[0])]
 
@@ -94,7 +113,7 @@ class Schedule:
 
     def __init__(self, planned, store: Store, more: Callable[[Store, list[Trial]], Trial | None],
                  retry_failed: bool = False, fresh: bool = False, max_trials: int | None = None,
-                 listener: Listener | None = None):
+                 listener: Listener | None = None, kind: Kind = RUNS):
         self.store, self.more, self.max_trials = store, more, max_trials
         self.listener = listener or Listener()
         recover(store, self.listener)
@@ -103,11 +122,12 @@ class Schedule:
         self.verdicts = {v.trial.key: v for v in planned.verdicts}
         needed = []
         for verdict in planned.verdicts:
-            n, done = launches_left(store, verdict.trial, retry_failed, runnable_here=verdict.ok, fresh=fresh)
+            n, done = kind.left(store, verdict.trial, retry_failed, runnable_here=verdict.ok, fresh=fresh)
             needed.append(n)
             if n == 0 and done:
                 self.results.append(TrialResult(verdict.trial, done[0], done[1], "already measured (resumed)"))
-        self.queue = deque(Launch(t, self.verdicts[t.key], r) for t, r in interleave(planned.trials, needed))
+        self.queue = deque(Launch(t, self.verdicts[t.key], r, kind.wanted(t))
+                           for t, r in interleave(planned.trials, needed, kind.wanted))
         # repeats: auto, chapter by chapter: at most the extra launches max_repeats allows, however the store
         # counts (a launch whose row DuckDB refused must not be asked for again and again)
         self.auto: deque[tuple[list[Trial], int]] = deque()
@@ -119,7 +139,7 @@ class Schedule:
         self.started = self.in_flight = 0
         self.listener.started(planned.experiment.name, len(self.queue) + len(self.results))
         for r in self.results:
-            self.listener.resumed(r.trial, f"{r.status} earlier (run {r.run_id}), not run again")
+            self.listener.resumed(r.trial, f"{r.status} earlier ({kind.noun} {r.run_id}), not run again")
 
     def next(self) -> Launch | None:
         """The next launch to start now; None when none is left now (and, with none in flight, at all)."""
