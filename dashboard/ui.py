@@ -374,7 +374,7 @@ def ranking_table(ranking: pd.DataFrame) -> None:
     """The verdict columns first (meets the SLOs, by how much it misses them), then the figures, units in headers."""
     show = ranking[["rank", "label", "slo_pass", "why_not", "goodput", "output_throughput", "request_throughput",
                     "p95_ttft_ms", "p95_tpot_ms", "p99_e2el_ms", "launches", "completed", "failed", "run_id"]]
-    st.dataframe(blanks(show), hide_index=True, width="stretch", column_config={
+    table(show, column_config={
         "rank": st.column_config.NumberColumn("#", width=40, pinned=True),
         "label": st.column_config.TextColumn("trial", width="large", pinned=True),
         "slo_pass": st.column_config.CheckboxColumn("meets SLOs", width=90),
@@ -388,6 +388,13 @@ def ranking_table(ranking: pd.DataFrame) -> None:
         "completed": st.column_config.NumberColumn("ok (requests)"), "failed": st.column_config.NumberColumn("failed (requests)"),
         "run_id": "newest run",
     })
+
+
+def table(df: pd.DataFrame, links: tuple[str, ...] = (), **kwargs):
+    """st.dataframe as every page shows one: no index, the page's width, a missing value an empty cell: text by
+    `blanks`, numbers by the placeholder (Streamlit draws a missing number "None" otherwise)."""
+    kwargs = {"hide_index": True, "width": "stretch", **kwargs}
+    return st.dataframe(blanks(df, links), placeholder="", **kwargs)
 
 
 def blanks(df: pd.DataFrame, links: tuple[str, ...] = ()) -> pd.DataFrame:

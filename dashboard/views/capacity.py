@@ -34,8 +34,8 @@ if not searches.empty:
                "above 1, the capacity is the median of that many launches and the bracket spans all of them.")
     axes = ranked.axis.dropna().unique()
     unit = ui.AXIS_UNITS.get(axes[0], axes[0]) if len(axes) == 1 else "load"
-    st.dataframe(ui.blanks(ranked[["trial", "capacity", "low", "high", "status", "chapter", "axis", "launches", "points",
-                                   "start_s", "measure_s", "reason", "search_id"]]), hide_index=True, width="stretch",
+    ui.table(ranked[["trial", "capacity", "low", "high", "status", "chapter", "axis", "launches", "points",
+                                   "start_s", "measure_s", "reason", "search_id"]],
                  column_config={"trial": st.column_config.TextColumn("trial", width="medium", pinned=True),
                                 "capacity": st.column_config.NumberColumn(f"capacity ({unit})", format="%g"),
                                 "low": st.column_config.NumberColumn(f"last pass ({unit})", format="%g"),
@@ -69,9 +69,9 @@ if not searches.empty:
         for side in ("server", "client"):  # None where a point had no window (or was stored before there were)
             for key in ("slope", "p"):
                 rows[f"{side} queue {key}"] = [((q or {}).get(side) or {}).get(key) for q in rows.queue_trend]
-        st.dataframe(ui.blanks(rows[["configuration", "index", "load", "passed", "offered_rate", "served_rate", "goodput_rate",
+        ui.table(rows[["configuration", "index", "load", "passed", "offered_rate", "served_rate", "goodput_rate",
                            "steady_s", "server queue slope", "server queue p", "client queue slope", "client queue p",
-                           "attainment", "why"]]), hide_index=True, width="stretch",
+                           "attainment", "why"]],
                      column_config={"steady_s": st.column_config.NumberColumn("steady window (s)", format="%.0f"),
                                     "configuration": st.column_config.TextColumn("configuration", width="medium",
                                                                                  pinned=True),
@@ -109,5 +109,5 @@ if not studies.empty:
             width="stretch")
     else:
         st.caption("Parameter importance needs at least three measured configurations with different results.")
-    st.dataframe(history[["number", "trial", "state", "value", "low", "high", "reason", "run_id", "search_id",
-                          "wall_s"]], hide_index=True, width="stretch")
+    ui.table(history[["number", "trial", "state", "value", "low", "high", "reason", "run_id", "search_id",
+                          "wall_s"]])

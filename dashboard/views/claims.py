@@ -23,7 +23,7 @@ if claims.empty:
     st.info("No trial of this experiment has a finished baseline to compare against.")
     st.stop()
 # The verdict first; a trial without a comparable baseline says why in the last column
-st.dataframe(wording.claims_table(claims), hide_index=True, width="stretch", column_config={
+ui.table(wording.claims_table(claims), column_config={
     "verdict": st.column_config.TextColumn("verdict", width=320, pinned=True),  # "one launch: launch-to-launch spread unknown" whole
     "trial": st.column_config.TextColumn("trial", pinned=True),
     "launches": st.column_config.NumberColumn("launches", width="small"),

@@ -72,14 +72,14 @@ def roofline():
                 "`qwen3lab plan --gpu a100-80g` shows the ceilings a GPU would give.")
         return
     st.plotly_chart(plots.ceiling_figure(have, labels), width="stretch", key="roofline")
-    st.dataframe(pd.DataFrame({
+    ui.table(pd.DataFrame({
         "run": [labels.get(r, r) for r in have.run_id], "GPU": have.gpu, "batch": have.batch.round(1),
         "batch from": have.batch_source, "bound": have.bound,
         "output tok/s": have.output_tok_s.round(1), "ceiling tok/s": have.output_tok_s_ceiling.round(1),
         "efficiency": have.output_efficiency.map(pct),
         "decode step ≥ (ms)": have.decode_step_ms_ceiling.round(2), "TPOT efficiency": have.tpot_efficiency.map(pct),
         "TTFT ≥ (ms)": have.ttft_ms_ceiling.round(1), "TTFT efficiency": have.ttft_efficiency.map(pct),
-    }), hide_index=True, width="stretch", key="roofline_table")
+    }), key="roofline_table")
     st.caption("Ceiling: the larger of (weights + KV bytes each decode step reads) / memory bandwidth and "
                "FLOPs / tensor rate, from the GPU catalogue's datasheet figures; efficiency = measured / ceiling "
                "(TPOT and TTFT: floor / measured). A figure above 100% means the catalogue or the run is wrong.")

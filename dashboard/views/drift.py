@@ -24,8 +24,8 @@ st.caption("A soak is a run per window on one server; a server that died was sta
            "95% interval (t over the windows, docs/statistics.md); drift only where it holds after Holm's correction "
            "over the metrics and three or more windows were ok, else noise.")
 table = soaks.assign(configuration=soaks.chapter + "/" + soaks.trial)
-st.dataframe(table[["configuration", "status", "duration_s", "window_s", "windows", "server_starts", "crashes",
-                    "ooms", "elapsed_s", "reason", "soak_id"]], hide_index=True, width="stretch",
+ui.table(table[["configuration", "status", "duration_s", "window_s", "windows", "server_starts", "crashes",
+                    "ooms", "elapsed_s", "reason", "soak_id"]],
              column_config={"duration_s": st.column_config.NumberColumn("duration s", format="%.0f"),
                             "window_s": st.column_config.NumberColumn("window s", format="%.0f"),
                             "elapsed_s": st.column_config.NumberColumn("elapsed s", format="%.0f")})
@@ -35,13 +35,13 @@ row = table[table.soak_id == soak_id].iloc[0]
 found = json.loads(row.drift_json) if isinstance(row.drift_json, str) else {}
 if found.get("metrics"):
     st.subheader("Last window against the first")
-    st.dataframe(pd.DataFrame([{"metric": m, "first window": v["first"], "last window": v["last"],
+    ui.table(pd.DataFrame([{"metric": m, "first window": v["first"], "last window": v["last"],
                                 "change %": v["change_pct"], "low %": v["low"], "high %": v["high"],
                                 "verdict": "drift" if m in found.get("drift", []) else "noise"}
-                               for m, v in found["metrics"].items()]), hide_index=True, width="stretch")
+                               for m, v in found["metrics"].items()]))
 elif found.get("note"):
     st.info(found["note"])
 windows = drift.windows(ui.store(), soak_id)
 st.plotly_chart(plots.soak_figure(windows), width="stretch")
 with st.expander("Windows"):
-    st.dataframe(windows, hide_index=True, width="stretch")
+    ui.table(windows)

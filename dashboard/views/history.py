@@ -51,5 +51,5 @@ for r in marked.to_dict("records"):
                 f"`{r['changed'] or 'nothing recorded'}`")
 st.subheader("Campaigns")
 mine = campaigns[campaigns.experiment == experiment]
-st.dataframe(mine[["campaign_id", "command", "started_at", "ended_at", "status", "reason", "builds", "ok", "runs",
-                   "qwen3lab_commit", "experiment_digest", "notebooks"]], hide_index=True, width="stretch")
+ui.table(mine[["campaign_id", "command", "started_at", "ended_at", "status", "reason", "builds", "ok", "runs",
+                   "qwen3lab_commit", "experiment_digest", "notebooks"]])

@@ -56,7 +56,7 @@ COLUMNS = {
     "experiment": "experiment", "gpu": "GPU", "model": "model",
     "run_id": "run",
 }
-picked = st.dataframe(ui.blanks(view[list(COLUMNS)], links=("log", "notebook")), hide_index=True, width="stretch", column_config=COLUMNS,
+picked = ui.table(view[list(COLUMNS)], links=("log", "notebook"), column_config=COLUMNS,
                       on_select="rerun", selection_mode="multi-row", key="runs_table", height=min(35 * (len(view) + 1) + 3, 560))
 rows = picked.selection.rows if picked is not None and hasattr(picked, "selection") else []
 chosen = list(view.run_id.iloc[rows]) if rows else []
