@@ -250,7 +250,10 @@ def test_capacity_slos_round_trip_through_the_winner_form(browser_page):
             page.get_by_role("button", name="Pick the winner").click()
             page.get_by_text(f"SLOs in force: {slo_text(slo)};").wait_for()
             w = compare.pick_winner(compare.load_runs(store, ids), slo)
-            page.get_by_text(f"Winner: {w.winner.label}" if w.winner else "No winner under these SLOs").first.wait_for()
+            # the ranking reads every selected run's requests: beside the suite's servers on 2 cores this took over
+            # the default 60 s once in CI (19 s alone)
+            page.get_by_text(f"Winner: {w.winner.label}" if w.winner else "No winner under these SLOs").first.wait_for(
+                timeout=180_000)
             body = page.locator("[data-testid='stMain']").inner_text()
             assert verdict_text(w).replace("`", "") in body  # markdown shows `code` without its backticks
             return body

@@ -398,13 +398,6 @@ def searches_left(store: Store, trial: Trial, retry_failed: bool = False, runnab
 SEARCHES = schedule.Kind("capacity search", launches_wanted, searches_left)
 
 
-def outcome(store: Store, trial: Trial, failed: CapacityResult | None, why: str = "measured earlier",
-            ) -> CapacityResult | None:
-    """What a trial's launches came to once the schedule ended: a launch that did not finish (crash, OOM...)
-    stands for it, else its newest `capacity.launches` finished searches combined (or its skip)."""
-    return failed or stored_capacity(store, trial, why, unfinished=True)
-
-
 def run_capacities(path: str | Path, db: str, only: list[str] | None = None, runs_dir: str | Path = "runs",
                    fresh: bool = False, listener: Listener | None = None) -> list[CapacityResult]:
     """The capacity of every trial of an experiment (or of `only` chapters), with resume; pre-flight first.
@@ -429,7 +422,8 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
                 failed[trial.key] = got
             listener.finished(trial, got.status, told(got))
             sched.finished(launch, runner.TrialResult(trial, got.search_id, got.status, got.reason))
-    results = [outcome(store, v.trial, failed.get(v.trial.key)) for v in planned.verdicts]
+    # a launch that did not finish stands for its trial, else its launches combined (or its skip)
+    results = [failed.get(v.trial.key) or stored_capacity(store, v.trial, unfinished=True) for v in planned.verdicts]
     return [r for r in results if r is not None]
 
 

@@ -275,7 +275,7 @@ def run_capacities(path: str | Path, db: str, only: list[str] | None = None, run
                 listener.finished(launch.trial, result.status, result.reason or "")
                 sched.finished(launch, result)
     # each trial's launches combined, or the one that did not finish (a search lost before its row began: none)
-    results = [cap.outcome(store, t, None, "measured on the cluster") for t in planned.trials]
+    results = [cap.stored_capacity(store, t, "measured on the cluster", unfinished=True) for t in planned.trials]
     return [r for r in results if r is not None]
 
 
